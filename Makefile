@@ -1,0 +1,51 @@
+# Two commands for a new user: `make demo` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.synced
+CONFIG ?= pipeline/configs/taxi.yaml
+PYTEST_ARGS ?=
+
+.PHONY: help setup lock demo run test lint benchmark clean
+
+help:
+	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
+	@echo "make test   set up, then run the whole test suite"
+	@echo "make lint   ruff over the code"
+	@echo "make lock   re-resolve requirements.in into requirements.lock"
+
+setup: $(STAMP)
+
+# The venv and the pinned uv in it; recreated when it is not Python 3.10.
+$(UV):
+	@py=$$(scripts/find_python310.sh) || exit 1; \
+	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))'; then \
+	  rm -rf $(VENV) && echo "creating $(VENV) with $$py" && $$py -m venv $(VENV); \
+	fi
+	$(PY) -m pip install -q "uv==$(UV_VERSION)"
+
+# Re-syncs only when the lock file (or setup.py) changes.
+$(STAMP): requirements.lock setup.py | $(UV)
+	$(UV) pip sync --compile-bytecode --python $(PY) requirements.lock
+	$(UV) pip install --python $(PY) --no-deps -e .
+	@touch $(STAMP)
+
+lock: | $(UV)
+	$(UV) pip compile requirements.in --override overrides.txt --python-version 3.10 \
+	  --python-platform x86_64-manylinux_2_36 -o requirements.lock
+
+demo: setup
+	$(VENV)/bin/mlops run --config $(CONFIG)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf outputs

@@ -1,0 +1,1 @@
+"""Gates: components that stop the run when what came before is not good enough."""

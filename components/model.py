@@ -1,0 +1,254 @@
+"""The Keras model and the Trainer's `run_fn`: training under MultiWorkerMirroredStrategy, then export."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_transform as tft
+from absl import logging
+from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
+from tfx_bsl.tfxio import dataset_options
+
+from components.features import FeatureLayout, transformed_name
+
+SERVING_OUTPUT = "probabilities"
+
+
+def categorical_cardinalities(layout: FeatureLayout, tft_output: tft.TFTransformOutput) -> dict[str, int]:
+    """Number of distinct ids each categorical input can take (vocabulary + OOV, or buckets + missing)."""
+    sizes = {transformed_name(k): layout.transform["bucket_count"] + 1 for k in layout.bucket}
+    for key in layout.vocab:
+        sizes[transformed_name(key)] = tft_output.vocabulary_size_by_name(key) + layout.transform["oov_buckets"]
+    return sizes
+
+
+def _learning_rate(training: dict[str, Any]) -> float | tf.keras.optimizers.schedules.LearningRateSchedule:
+    lr = training["learning_rate"]
+    if training["lr_schedule"] == "exponential":
+        return tf.keras.optimizers.schedules.ExponentialDecay(lr, training["decay_steps"], training["decay_rate"])
+    if training["lr_schedule"] == "cosine":
+        return tf.keras.optimizers.schedules.CosineDecay(lr, training["decay_steps"])
+    return lr
+
+
+def make_optimizer(training: dict[str, Any]) -> tf.keras.optimizers.Optimizer:
+    lr = _learning_rate(training)
+    clip = {"clipnorm": training["clipnorm"]} if training["clipnorm"] else {}
+    if training["optimizer"] == "sgd":
+        return tf.keras.optimizers.SGD(learning_rate=lr, momentum=training["momentum"], **clip)
+    return tf.keras.optimizers.Adam(learning_rate=lr, **clip)
+
+
+def build_model(numeric: list[str], cardinalities: dict[str, int], training: dict[str, Any]) -> tf.keras.Model:
+    """A compiled binary classifier over transformed features: embeddings for ids, an MLP on top."""
+    previous_policy = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy(training["mixed_precision"])
+    try:
+        inputs = {name: tf.keras.Input(shape=(1,), name=name, dtype=tf.float32) for name in numeric}
+        parts = [tf.keras.layers.Concatenate(name="numeric")(list(inputs.values()))] if numeric else []
+        for name, size in cardinalities.items():
+            inputs[name] = tf.keras.Input(shape=(1,), name=name, dtype=tf.int64)
+            dim = min(16, max(2, round(math.sqrt(size))))
+            embedded = tf.keras.layers.Embedding(size, dim, name=f"{name}_embedding")(inputs[name])
+            parts.append(tf.keras.layers.Flatten()(embedded))
+        x = tf.keras.layers.Concatenate(name="features")(parts) if len(parts) > 1 else parts[0]
+        regularizer = tf.keras.regularizers.L2(training["l2"]) if training["l2"] else None
+        for i, units in enumerate(training["hidden_units"]):
+            x = tf.keras.layers.Dense(units, kernel_regularizer=regularizer, name=f"dense_{i}")(x)
+            if training["batch_norm"]:
+                x = tf.keras.layers.BatchNormalization(name=f"batch_norm_{i}")(x)
+            x = tf.keras.layers.Activation(training["activation"], name=f"activation_{i}")(x)
+            if training["dropout"]:
+                x = tf.keras.layers.Dropout(training["dropout"], name=f"dropout_{i}")(x)
+        # The output stays float32 under mixed precision so that the sigmoid and the loss are stable.
+        output = tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="output")(x)
+        model = tf.keras.Model(inputs=inputs, outputs=output)
+    finally:
+        tf.keras.mixed_precision.set_global_policy(previous_policy)
+    optimizer = make_optimizer(training)
+    if training["mixed_precision"] == "mixed_float16":
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.BinaryCrossentropy(),
+        metrics=[tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryAccuracy(name="accuracy")],
+        jit_compile=training["jit_compile"],
+    )
+    return model
+
+
+def input_fn(
+    file_pattern: list[str],
+    data_accessor: DataAccessor,
+    tft_output: tft.TFTransformOutput,
+    label_key: str,
+    batch_size: int,
+    num_epochs: int | None = None,
+) -> tf.data.Dataset:
+    """(features, label) batches of the transformed examples; repeats forever unless num_epochs is given."""
+    dataset = data_accessor.tf_dataset_factory(
+        file_pattern,
+        dataset_options.TensorFlowDatasetOptions(batch_size=batch_size, label_key=label_key, num_epochs=num_epochs),
+        tft_output.transformed_metadata.schema,
+    )
+    options = tf.data.Options()
+    # Transform writes few files, often fewer than workers: shard by element, not by file.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def class_weights(dataset: tf.data.Dataset) -> dict[int, float]:
+    """Weights that make both classes count equally, from one pass over the (features, label) dataset."""
+    total = positives = 0
+    for _, labels in dataset:
+        total += int(tf.size(labels))
+        positives += int(tf.reduce_sum(tf.cast(labels, tf.int64)))
+    negatives = total - positives
+    if positives == 0 or negatives == 0:
+        raise ValueError(f"the training split holds only one class ({positives} positives of {total}); "
+                         "check the label settings.")
+    return {0: total / (2.0 * negatives), 1: total / (2.0 * positives)}
+
+
+def _raw_input_specs(tft_output: tft.TFTransformOutput, layout: FeatureLayout) -> dict[str, tf.TensorSpec]:
+    raw_spec = tft_output.raw_feature_spec()
+    return {key: tf.TensorSpec([None], raw_spec[key].dtype, name=key) for key in layout.raw_features}
+
+
+def raw_tensors_to_parsed(
+    tensors: dict[str, tf.Tensor], tft_output: tft.TFTransformOutput
+) -> dict[str, tf.Tensor | tf.SparseTensor]:
+    """Turns one value per feature into what tf.Example parsing would give. Optional features become sparse,
+    and a missing value is NaN for floats, '' for strings and -1 for integers."""
+    raw_spec = tft_output.raw_feature_spec()
+    parsed = {}
+    for key, value in tensors.items():
+        spec = raw_spec[key]
+        if isinstance(spec, tf.io.FixedLenFeature):
+            parsed[key] = tf.reshape(value, [-1, 1])
+            continue
+        if value.dtype == tf.string:
+            present = tf.not_equal(value, "")
+        elif value.dtype.is_floating:
+            present = tf.logical_not(tf.math.is_nan(value))
+        else:
+            present = tf.not_equal(value, -1)
+        rows = tf.where(present)
+        indices = tf.concat([rows, tf.zeros_like(rows)], axis=1)
+        parsed[key] = tf.SparseTensor(indices, tf.boolean_mask(value, present), [tf.shape(value, tf.int64)[0], 1])
+    return parsed
+
+
+class ServingModule(tf.Module):
+    """Holds the model and the Transform layer so that both are saved with the signatures."""
+
+    def __init__(self, model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout):
+        super().__init__()
+        self.model = model
+        self.tft_layer = tft_output.transform_features_layer()
+        self._tft_output = tft_output
+        self._layout = layout
+        self._input_names = list(model.input_names)
+        self._label_columns = set(layout.label_columns)
+
+    def _predict(self, parsed: dict[str, Any]) -> tf.Tensor:
+        transformed = self.tft_layer(parsed)
+        features = {name: transformed[name] for name in self._input_names}
+        return tf.reshape(self.model(features), [-1])
+
+    def serving_default(self) -> tf.types.experimental.ConcreteFunction:
+        @tf.function(input_signature=[_raw_input_specs(self._tft_output, self._layout)])
+        def serve_raw(features):
+            return {SERVING_OUTPUT: self._predict(raw_tensors_to_parsed(features, self._tft_output))}
+
+        return serve_raw.get_concrete_function()
+
+    def serving_examples(self) -> tf.types.experimental.ConcreteFunction:
+        raw_spec = {k: v for k, v in self._tft_output.raw_feature_spec().items() if k not in self._label_columns}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve_examples(serialized):
+            return {SERVING_OUTPUT: self._predict(tf.io.parse_example(serialized, raw_spec))}
+
+        return serve_examples.get_concrete_function()
+
+    def transform_features(self) -> tf.types.experimental.ConcreteFunction:
+        raw_spec = self._tft_output.raw_feature_spec()
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def transform(serialized):
+            return self.tft_layer(tf.io.parse_example(serialized, raw_spec))
+
+        return transform.get_concrete_function()
+
+
+def export_serving_model(
+    model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout, export_dir: str
+) -> None:
+    """SavedModel with `serving_default` (raw named features), `serving_examples` (tf.Example, for TFMA)
+    and `transform_features` (TFMA's preprocessing function)."""
+    module = ServingModule(model, tft_output, layout)
+    signatures = {
+        "serving_default": module.serving_default(),
+        "serving_examples": module.serving_examples(),
+        "transform_features": module.transform_features(),
+    }
+    tf.saved_model.save(module, export_dir, signatures=signatures)
+
+
+def apply_hyperparameters(training: dict[str, Any], hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
+    """Training settings with the Tuner's best values (layer width, depth, learning rate) put in."""
+    if not hyperparameters:
+        return training
+    import keras_tuner
+
+    values = keras_tuner.HyperParameters.from_config(hyperparameters).values
+    tuned = dict(training)
+    tuned["hidden_units"] = [int(values["units"] * 0.5**i) or 1 for i in range(int(values["depth"]))]
+    tuned["learning_rate"] = float(values["learning_rate"])
+    return tuned
+
+
+def run_fn(fn_args: FnArgs) -> None:
+    """TFX Trainer entry point."""
+    layout = FeatureLayout(fn_args.custom_config)
+    training = apply_hyperparameters(fn_args.custom_config["training"], fn_args.hyperparameters)
+    tft_output = tft.TFTransformOutput(fn_args.transform_output)
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    global_batch = training["batch_size"] * strategy.num_replicas_in_sync
+    train = input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch)
+    evaluation = input_fn(fn_args.eval_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch)
+    weights = None
+    if training["class_weights"]:
+        weights = class_weights(
+            input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, 1024, num_epochs=1)
+        )
+        logging.info("class weights from the label distribution: %s", weights)
+
+    with strategy.scope():
+        model = build_model(
+            [transformed_name(k) for k in layout.numeric], categorical_cardinalities(layout, tft_output), training
+        )
+    model.summary(print_fn=logging.info)
+
+    steps_per_epoch = min(training["steps_per_epoch"], fn_args.train_steps)
+    epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
+    callbacks = [
+        tf.keras.callbacks.EarlyStopping(
+            monitor="val_auc", mode="max", patience=training["early_stopping_patience"], restore_best_weights=True
+        ),
+        tf.keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir, update_freq="epoch"),
+    ]
+    model.fit(
+        train,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=evaluation,
+        validation_steps=fn_args.eval_steps,
+        class_weight=weights,
+        callbacks=callbacks,
+        verbose=2,
+    )
+    export_serving_model(model, tft_output, layout, fn_args.serving_model_dir)

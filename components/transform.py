@@ -1,0 +1,79 @@
+"""The Transform component's `preprocessing_fn`: the graph that is baked into every exported model."""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from components.features import FeatureLayout, transformed_name
+
+
+def _dense_and_present(x: tf.Tensor | tf.SparseTensor, default: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """Makes a [batch] dense tensor, filling missing cells with `default`, and a [batch] mask of present cells."""
+    if isinstance(x, tf.SparseTensor):
+        shape = [x.dense_shape[0], 1]
+        dense = tf.sparse.to_dense(tf.SparseTensor(x.indices, x.values, shape), default_value=default)
+        present = tf.sparse.to_dense(
+            tf.SparseTensor(x.indices, tf.ones_like(x.values, dtype=tf.bool), shape), default_value=False
+        )
+        return tf.squeeze(dense, axis=1), tf.squeeze(present, axis=1)
+    dense = tf.reshape(x, [-1])
+    return dense, tf.ones_like(dense, dtype=tf.bool)
+
+
+def _present_values(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor:
+    return x.values if isinstance(x, tf.SparseTensor) else tf.reshape(x, [-1])
+
+
+def _as_float(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor | tf.SparseTensor:
+    if isinstance(x, tf.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.cast(x.values, tf.float32), x.dense_shape)
+    return tf.cast(x, tf.float32)
+
+
+def _as_string(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor | tf.SparseTensor:
+    if x.dtype == tf.string:
+        return x
+    if isinstance(x, tf.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.strings.as_string(x.values), x.dense_shape)
+    return tf.strings.as_string(x)
+
+
+def compute_label(inputs: dict[str, Any], label: dict[str, Any]) -> tf.Tensor:
+    """The binary label as int64 [batch]: column > threshold * relative_to, or column == positive_value."""
+    if label["positive_value"]:
+        column, present = _dense_and_present(_as_string(inputs[label["column"]]), "")
+        return tf.cast(tf.logical_and(present, tf.equal(column, label["positive_value"])), tf.int64)
+    column, present = _dense_and_present(_as_float(inputs[label["column"]]), 0.0)
+    threshold = tf.constant(label["threshold"], tf.float32)
+    if label["relative_to"]:
+        base, base_present = _dense_and_present(_as_float(inputs[label["relative_to"]]), 0.0)
+        present = tf.logical_and(present, base_present)
+        threshold = threshold * base
+    return tf.cast(tf.logical_and(present, column > threshold), tf.int64)
+
+
+def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, tf.Tensor]:
+    """Numeric: missing -> mean, then z-score. Coordinates: quantile buckets plus one bucket for missing.
+    Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here."""
+    layout = FeatureLayout(custom_config)
+    options = layout.transform
+    outputs = {}
+    for key in layout.numeric:
+        x = _as_float(inputs[key])
+        filled, _ = _dense_and_present(x, tft.mean(_present_values(x)))
+        outputs[transformed_name(key)] = tft.scale_to_z_score(filled)
+    for key in layout.bucket:
+        x = _as_float(inputs[key])
+        boundaries = tft.quantiles(_present_values(x), num_buckets=options["bucket_count"], epsilon=0.01)
+        filled, present = _dense_and_present(x, 0.0)
+        buckets = tft.apply_buckets(filled, boundaries)
+        outputs[transformed_name(key)] = tf.where(present, buckets, tf.cast(options["bucket_count"], tf.int64))
+    for key in layout.vocab:
+        filled, _ = _dense_and_present(_as_string(inputs[key]), "")
+        outputs[transformed_name(key)] = tft.compute_and_apply_vocabulary(
+            filled, top_k=options["vocab_size"], num_oov_buckets=options["oov_buckets"], vocab_filename=key
+        )
+    outputs[layout.label_key] = compute_label(inputs, layout.label)
+    return outputs

@@ -1,0 +1,67 @@
+"""The `mlops` command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+
+from pipeline.config import ConfigError, load_config
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config (default: the Chicago taxi job)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set training.train_steps=500 (repeatable)",
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from components.gates.anomalies import DataValidationError
+    from pipeline.data import DataError
+    from pipeline.runner import PipelineError, run_local
+
+    config = load_config(args.config, args.overrides)
+    try:
+        run_local(config)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except DataValidationError as e:
+        print(f"stopped by the data-validation gate: {e}", file=sys.stderr)
+        return 3
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlops", description="TFX pipeline from CSV to TF Serving.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the whole pipeline locally (LocalDagRunner on Beam)")
+    _add_config_args(run)
+    run.set_defaults(handler=_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # TensorFlow's C++ start-up chatter (CUDA plug-in registration on CPU machines) hides the stage lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # Beam worker processes inherit this: their library warnings belong in the log, not on the console.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    warnings.simplefilter("ignore")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The one typed configuration of the pipeline, loaded from YAML with `key.sub=value` overrides."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "taxi.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is wrong; the message says which key and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    # Folder of CSV files sharing one header; empty means the Chicago taxi sample inside the tfx wheel.
+    path: str = ""
+    numeric_features: list[str] = field(default_factory=list)
+    bucket_features: list[str] = field(default_factory=list)
+    vocab_features: list[str] = field(default_factory=list)
+    # Hash split of the rows: train and eval buckets.
+    train_buckets: int = 4
+    eval_buckets: int = 1
+
+
+@dataclass
+class LabelConfig:
+    # Name of the binary label the pipeline computes; never a raw column a request must carry.
+    name: str = "label"
+    # Raw column the label is computed from; it is dropped from the features and from serving.
+    column: str = ""
+    # label = column > threshold * relative_to (or > threshold when relative_to is empty) ...
+    threshold: float = 0.5
+    relative_to: str = ""
+    # ... or, when set, label = (column == positive_value) for a string column.
+    positive_value: str = ""
+
+
+@dataclass
+class TransformConfig:
+    bucket_count: int = 10
+    vocab_size: int = 1000
+    oov_buckets: int = 10
+
+
+@dataclass
+class TrainingConfig:
+    train_steps: int = 2000
+    eval_steps: int = 100
+    steps_per_epoch: int = 200
+    batch_size: int = 128
+    hidden_units: list[int] = field(default_factory=lambda: [64, 32])
+    activation: str = "relu"
+    dropout: float = 0.0
+    batch_norm: bool = False
+    l2: float = 0.0
+    optimizer: Literal["adam", "sgd"] = "adam"
+    learning_rate: float = 0.001
+    momentum: float = 0.9
+    lr_schedule: Literal["constant", "exponential", "cosine"] = "constant"
+    decay_steps: int = 1000
+    decay_rate: float = 0.9
+    clipnorm: float | None = None
+    jit_compile: bool = False
+    mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    class_weights: bool = True
+    early_stopping_patience: int = 3
+
+
+@dataclass
+class TunerConfig:
+    enabled: bool = False
+    algorithm: Literal["random", "bayesian"] = "random"
+    max_trials: int = 4
+    train_steps: int = 200
+    eval_steps: int = 50
+
+
+@dataclass
+class EvaluationConfig:
+    slice_feature: str = ""
+    # The candidate is blessed only when its eval AUC is at least this ...
+    min_auc: float = 0.6
+    # ... and no more than this below the last blessed model's AUC.
+    max_auc_drop: float = 0.01
+
+
+@dataclass
+class BeamConfig:
+    direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "multi_processing"
+    # 0 means one worker per CPU.
+    direct_num_workers: int = 0
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "pipeline"
+    # Name of the served model: <output_root>/serving/<model_name>/<version>/.
+    model_name: str = "model"
+    # Everything the pipeline writes lands below this folder.
+    output_root: str = "outputs"
+    # Curated schema; a relative path is looked up beside the config file.
+    schema_path: str = ""
+    enable_cache: bool = True
+    data: DataConfig = field(default_factory=DataConfig)
+    label: LabelConfig = field(default_factory=LabelConfig)
+    transform: TransformConfig = field(default_factory=TransformConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    tuner: TunerConfig = field(default_factory=TunerConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
+
+    @property
+    def features(self) -> list[str]:
+        return self.data.numeric_features + self.data.bucket_features + self.data.vocab_features
+
+    @property
+    def pipeline_root(self) -> str:
+        return os.path.join(self.output_root, "pipelines", self.name)
+
+    @property
+    def metadata_path(self) -> str:
+        return os.path.join(self.output_root, "metadata", self.name, "metadata.db")
+
+    @property
+    def serving_dir(self) -> str:
+        return os.path.join(self.output_root, "serving", self.model_name)
+
+    def module_config(self) -> dict[str, Any]:
+        """The plain dict the module code (preprocessing_fn, run_fn, tuner_fn) receives as custom_config."""
+        return {
+            "features": {
+                "numeric": list(self.data.numeric_features),
+                "bucket": list(self.data.bucket_features),
+                "vocab": list(self.data.vocab_features),
+            },
+            "label": dataclasses.asdict(self.label),
+            "transform": dataclasses.asdict(self.transform),
+            "training": dataclasses.asdict(self.training),
+            "tuner": dataclasses.asdict(self.tuner),
+        }
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+            type(None): "null"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+    elif origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+    elif origin is list:
+        if isinstance(value, list):
+            (item_type,) = typing.get_args(tp)
+            return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"config key '{key}' must be {_type_name(tp)}, got {value!r}.")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(
+                f"unknown config key '{full}'; valid keys here are: {', '.join(prefix + n for n in names)}."
+            )
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{full}' must be a mapping of {', '.join(_field_names(tp))}.")
+            kwargs[key] = _build(tp, value, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, tp, full)
+    return cls(**kwargs)
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _apply_override(tree: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' must look like key.sub=value, for example training.train_steps=100.")
+    dotted, raw = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{override}': '{part}' is not a section.")
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Reads the YAML config at `path` (the taxi default when None), applies `key=value` overrides, validates."""
+    config_path = Path(path) if path else DEFAULT_CONFIG
+    try:
+        text = config_path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {config_path}: {e.strerror}; pass an existing YAML file.") from e
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {config_path} is not valid YAML: {e}") from e
+    if not isinstance(tree, dict):
+        valid = ", ".join(_field_names(PipelineConfig))
+        raise ConfigError(f"config file {config_path} must hold a mapping of {valid}.")
+    for override in overrides or []:
+        _apply_override(tree, override)
+    config = _build(PipelineConfig, tree, "")
+    if config.schema_path and not os.path.isabs(config.schema_path):
+        beside = config_path.parent / config.schema_path
+        if beside.exists():
+            config.schema_path = str(beside)
+    _validate(config)
+    return config
+
+
+def _validate(config: PipelineConfig) -> None:
+    if not config.features:
+        raise ConfigError("no features configured: set data.numeric_features, data.bucket_features or "
+                          "data.vocab_features.")
+    if not config.label.column:
+        raise ConfigError("label.column is empty: name the raw column the label is computed from.")
+    if config.label.column in config.features:
+        raise ConfigError(f"label.column '{config.label.column}' is also listed as a feature; remove it from data.*.")
+    seen = set()
+    for name in config.features:
+        if name in seen:
+            raise ConfigError(f"feature '{name}' is listed twice in data.*_features; keep one.")
+        seen.add(name)
+    if config.evaluation.slice_feature and config.evaluation.slice_feature not in config.features:
+        raise ConfigError(f"evaluation.slice_feature '{config.evaluation.slice_feature}' is not a feature.")
+    for key in ("train_steps", "eval_steps", "steps_per_epoch", "batch_size"):
+        if getattr(config.training, key) < 1:
+            raise ConfigError(f"training.{key} must be at least 1.")
+    if not config.training.hidden_units:
+        raise ConfigError("training.hidden_units must list at least one layer size.")
+    if not 0.0 <= config.training.dropout < 1.0:
+        raise ConfigError("training.dropout must be in [0, 1).")
+    if not config.schema_path:
+        raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
+    if not os.path.isfile(config.schema_path):
+        raise ConfigError(f"schema file {config.schema_path} does not exist; fix schema_path.")

@@ -1,0 +1,113 @@
+"""Runs the pipeline locally with TFX's LocalDagRunner (Beam DirectRunner, MLMD on SQLite)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import TextIO
+
+from pipeline.config import PipelineConfig
+from pipeline.data import check_csv_folder, resolve_data_dir
+from pipeline.progress import StageProgress
+from pipeline.summary import RunSummary, latest_run, write_report
+
+
+class PipelineError(RuntimeError):
+    """A stage failed for a reason other than the data gate; the message names the stage and the log."""
+
+
+def _find_cause(error: BaseException, kind: type) -> BaseException | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _logs_to_file(log_path: str) -> Iterator[None]:
+    """Everything TFX, Beam and TF log goes to the run's log file; the console shows only the stages."""
+    file_handler = logging.FileHandler(log_path)
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    quiet = [logging.getLogger(name) for name in ("absl", "tensorflow")]
+    saved = (root.level, list(root.handlers), [(lg, lg.propagate, list(lg.handlers)) for lg in quiet])
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(file_handler)
+    root.setLevel(logging.INFO)
+    for lg in quiet:
+        lg.propagate = True
+        for handler in list(lg.handlers):
+            lg.removeHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(file_handler)
+        file_handler.close()
+        root.setLevel(saved[0])
+        for handler in saved[1]:
+            root.addHandler(handler)
+        for lg, propagate, handlers in saved[2]:
+            lg.propagate = propagate
+            for handler in handlers:
+                lg.addHandler(handler)
+
+
+def run_local(config: PipelineConfig, out: TextIO = sys.stdout) -> RunSummary:
+    """Checks the data, runs every stage with progress on `out`, and returns what the run produced.
+
+    Raises DataError (bad folder or CSV), DataValidationError (schema anomalies) or PipelineError.
+    """
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+    from components.gates.anomalies import DataValidationError
+    from pipeline.pipeline import create_pipeline
+
+    data_dir = resolve_data_dir(config.data.path)
+    files = check_csv_folder(data_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = os.path.join(config.output_root, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.abspath(os.path.join(log_dir, f"{config.name}-{stamp}.log"))
+    print(f"pipeline '{config.name}': {len(files)} CSV file(s) from {data_dir}", file=out)
+    print(f"outputs under {os.path.abspath(config.output_root)}; full log {log_path}", file=out, flush=True)
+
+    tfx_pipeline = create_pipeline(config)
+    progress = StageProgress([c.id for c in tfx_pipeline.components], out)
+    try:
+        with _logs_to_file(log_path), progress.track():
+            LocalDagRunner().run(tfx_pipeline)
+    except Exception as error:
+        progress.failed()
+        gate = _find_cause(error, DataValidationError)
+        if gate is not None:
+            raise gate from None
+        stage = progress.current or "the pipeline"
+        raise PipelineError(f"{stage} failed: {error}; see the full log at {log_path}") from error
+
+    summary = latest_run(os.path.abspath(config.metadata_path), config.name)
+    summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
+    summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
+    summary.elapsed_seconds = round(progress.elapsed(), 2)
+    report_dir = os.path.join(config.output_root, "runs", summary.run_id)
+    json_path, html_path = write_report(summary, report_dir)
+    _print_summary(summary, json_path, html_path, out)
+    return summary
+
+
+def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: TextIO) -> None:
+    m = summary.metrics
+    print("\nsummary", file=out)
+    print(f"  run           {summary.run_id} in {summary.elapsed_seconds:.1f}s", file=out)
+    for name in ("auc", "binary_accuracy", "precision", "recall", "calibration", "example_count"):
+        if name in m:
+            print(f"  eval {name:<18} {m[name]:.4f}", file=out)
+    print(f"  blessed       {summary.blessed}", file=out)
+    print(f"  pushed        {summary.pushed_path or 'nothing (not blessed)'}", file=out)
+    print(f"  report        {html_path}", file=out, flush=True)

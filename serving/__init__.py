@@ -1,0 +1,1 @@
+"""TF Serving's model repository layout, clients and the local serving tools."""

@@ -1,0 +1,111 @@
+"""The built model reflects each training choice from the config, and it trains."""
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.model import build_model, class_weights
+from pipeline.config import TrainingConfig
+
+NUMERIC = ["fare_xf", "trip_miles_xf"]
+CARDINALITIES = {"payment_type_xf": 12, "lat_xf": 11}
+
+
+def training(**changes):
+    return dataclasses.asdict(dataclasses.replace(TrainingConfig(), **changes))
+
+
+def layers_of(model, kind):
+    return [layer for layer in model.layers if isinstance(layer, kind)]
+
+
+def random_batch(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    features = {name: rng.normal(size=(n, 1)).astype("float32") for name in NUMERIC}
+    features.update({name: rng.integers(0, size, size=(n, 1)) for name, size in CARDINALITIES.items()})
+    labels = (features["fare_xf"][:, 0] > 0).astype("int64")
+    return features, labels
+
+
+def test_default_is_adam_constant_rate():
+    model = build_model(NUMERIC, CARDINALITIES, training())
+    assert isinstance(model.optimizer, tf.keras.optimizers.Adam)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.001)
+    assert not layers_of(model, tf.keras.layers.Dropout)
+    assert not layers_of(model, tf.keras.layers.BatchNormalization)
+    assert [layer.units for layer in layers_of(model, tf.keras.layers.Dense)] == [64, 32, 1]
+
+
+def test_sgd_with_momentum():
+    model = build_model(NUMERIC, CARDINALITIES, training(optimizer="sgd", momentum=0.8))
+    assert isinstance(model.optimizer, tf.keras.optimizers.SGD)
+    assert float(model.optimizer.momentum) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    "schedule, kind",
+    [
+        ("exponential", tf.keras.optimizers.schedules.ExponentialDecay),
+        ("cosine", tf.keras.optimizers.schedules.CosineDecay),
+    ],
+)
+def test_learning_rate_schedules(schedule, kind):
+    model = build_model(NUMERIC, CARDINALITIES, training(lr_schedule=schedule, decay_steps=10))
+    assert isinstance(model.optimizer.learning_rate, kind)
+    assert model.optimizer.learning_rate.decay_steps == 10
+
+
+def test_gradient_clipping_by_norm():
+    model = build_model(NUMERIC, CARDINALITIES, training(clipnorm=0.5))
+    assert model.optimizer.clipnorm == pytest.approx(0.5)
+    assert build_model(NUMERIC, CARDINALITIES, training()).optimizer.clipnorm is None
+
+
+def test_dropout_batch_norm_and_l2():
+    model = build_model(
+        NUMERIC, CARDINALITIES, training(dropout=0.3, batch_norm=True, l2=0.01, hidden_units=[16, 8, 4])
+    )
+    assert [layer.rate for layer in layers_of(model, tf.keras.layers.Dropout)] == [0.3, 0.3, 0.3]
+    assert len(layers_of(model, tf.keras.layers.BatchNormalization)) == 3
+    hidden = [layer for layer in layers_of(model, tf.keras.layers.Dense) if layer.name != "output"]
+    assert [float(layer.kernel_regularizer.l2) for layer in hidden] == pytest.approx([0.01] * 3)
+
+
+def test_xla():
+    assert build_model(NUMERIC, CARDINALITIES, training(jit_compile=True)).jit_compile is True
+    assert build_model(NUMERIC, CARDINALITIES, training()).jit_compile is False
+
+
+def test_mixed_precision_keeps_the_output_float32():
+    model = build_model(NUMERIC, CARDINALITIES, training(mixed_precision="mixed_bfloat16"))
+    assert model.get_layer("dense_0").dtype_policy.name == "mixed_bfloat16"
+    assert model.get_layer("output").dtype_policy.name == "float32"
+    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    loss_scaled = build_model(NUMERIC, CARDINALITIES, training(mixed_precision="mixed_float16"))
+    assert isinstance(loss_scaled.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+
+
+@pytest.mark.parametrize("changes", [{}, {"batch_norm": True, "dropout": 0.2, "optimizer": "sgd", "clipnorm": 1.0}])
+def test_trains_a_few_steps(changes):
+    model = build_model(NUMERIC, CARDINALITIES, training(learning_rate=0.05, **changes))
+    features, labels = random_batch()
+    before = model.evaluate(features, labels, verbose=0, return_dict=True)["loss"]
+    history = model.fit(features, labels, epochs=15, batch_size=16, verbose=0)
+    after = model.evaluate(features, labels, verbose=0, return_dict=True)["loss"]
+    assert np.isfinite(history.history["loss"]).all()
+    assert after < before
+    probabilities = model.predict(features, verbose=0)
+    assert probabilities.shape == (64, 1) and ((probabilities >= 0) & (probabilities <= 1)).all()
+
+
+def test_class_weights_balance_the_classes():
+    labels = tf.constant([[1], [0], [0], [0]], tf.int64)
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": tf.zeros([4, 1])}, labels)).batch(3)
+    assert class_weights(dataset) == pytest.approx({0: 4 / 6, 1: 2.0})
+
+
+def test_class_weights_refuse_a_single_class():
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": tf.zeros([2, 1])}, tf.zeros([2, 1], tf.int64))).batch(2)
+    with pytest.raises(ValueError, match="only one class"):
+        class_weights(dataset)

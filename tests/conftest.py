@@ -1,0 +1,35 @@
+"""Shared fixtures: a small slice of the taxi data and configs sized for tests."""
+from pathlib import Path
+
+import pytest
+
+import components  # noqa: F401  (selects Keras 2 before any test imports TensorFlow)
+from pipeline.config import PipelineConfig, load_config
+from pipeline.data import EMBEDDED_TAXI_DIR, write_slice
+
+SLICE_ROWS = 2000
+
+
+@pytest.fixture(scope="session")
+def taxi_slice(tmp_path_factory) -> Path:
+    """A folder holding the first 2,000 rows of the embedded Chicago taxi sample."""
+    folder = tmp_path_factory.mktemp("taxi_slice")
+    write_slice(EMBEDDED_TAXI_DIR / "data.csv", folder, SLICE_ROWS)
+    return folder
+
+
+def small_config(data_dir: Path, output_root: Path, *overrides: str) -> PipelineConfig:
+    """The default taxi config with few training steps and Beam in-process, for tests."""
+    return load_config(
+        None,
+        [
+            f"data.path={data_dir}",
+            f"output_root={output_root}",
+            "training.train_steps=120",
+            "training.steps_per_epoch=40",
+            "training.eval_steps=10",
+            "training.batch_size=64",
+            "beam.direct_running_mode=in_memory",
+            *overrides,
+        ],
+    )

@@ -1,0 +1,121 @@
+"""The whole pipeline on 2,000 rows: a blessed model pushed to a TF Serving repository, a cached second run,
+and a corrupted CSV stopped by the data-validation gate with nothing pushed."""
+import csv
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline import cli
+from pipeline.runner import run_local
+from tests.conftest import small_config
+
+CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
+             "Transform", "Trainer", "Evaluator", "Pusher"]
+
+
+@pytest.fixture(scope="module")
+def first_and_second_run(taxi_slice, tmp_path_factory):
+    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"))
+    first = run_local(config)
+    second = run_local(config)
+    return config, first, second
+
+
+def raw_request(rows: list[dict[str, str]], schema_types: dict[str, tf.DType]) -> dict[str, tf.Tensor]:
+    """One tensor per feature, as a REST client sends them; empty cells get the missing markers."""
+    request = {}
+    for name, dtype in schema_types.items():
+        values = [row[name] for row in rows]
+        if dtype == tf.string:
+            request[name] = tf.constant(values)
+        elif dtype.is_floating:
+            request[name] = tf.constant([float(v) if v else math.nan for v in values], dtype)
+        else:
+            request[name] = tf.constant([int(float(v)) if v else -1 for v in values], dtype)
+    return request
+
+
+def test_first_run_blesses_and_pushes_a_version(first_and_second_run):
+    config, first, _ = first_and_second_run
+    assert first.blessed is True
+    assert first.metrics["auc"] > 0.7
+    assert first.metrics["example_count"] > 300
+    assert any(name.startswith("payment_type=") for name in first.slices)
+    pushed = Path(first.pushed_path)
+    assert pushed.parent == Path(config.serving_dir).resolve()
+    assert pushed.name.isdigit(), "TF Serving needs an integer version folder"
+    assert (pushed / "saved_model.pb").exists()
+    blessing = Path(config.pipeline_root, "Evaluator", "blessing")
+    assert list(blessing.glob("*/BLESSED"))
+
+
+def test_pushed_model_answers_a_raw_feature_request(first_and_second_run, taxi_slice):
+    config, first, _ = first_and_second_run
+    loaded = tf.saved_model.load(first.pushed_path)
+    serve = loaded.signatures["serving_default"]
+    inputs = serve.structured_input_signature[1]
+    assert sorted(inputs) == sorted(config.features), "a request carries the features, never the label column"
+    with open(taxi_slice / "data.csv", newline="") as f:
+        rows = list(csv.DictReader(f))[:32]
+    assert any(not row["pickup_latitude"] for row in rows), "the slice should include missing values"
+    probabilities = serve(**raw_request(rows, {k: v.dtype for k, v in inputs.items()}))["probabilities"].numpy()
+    assert probabilities.shape == (32,)
+    assert np.all((probabilities >= 0) & (probabilities <= 1))
+    assert len(set(np.round(probabilities, 4))) > 1
+
+
+def test_second_run_is_served_from_the_cache(first_and_second_run):
+    config, first, second = first_and_second_run
+    assert sorted(second.cached_stages) == sorted(CACHEABLE)
+    assert second.pushed_path == first.pushed_path
+    assert len(os.listdir(config.serving_dir)) == 1
+
+
+def corrupt(source: Path, target: Path) -> None:
+    """Drops the trip_miles column, puts an unknown payment type, an hour of 99 and a word in fare."""
+    target.mkdir()
+    with open(source / "data.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, row in enumerate(rows):
+        del row["trip_miles"]
+        if i % 50 == 0:
+            row["payment_type"] = "Bitcoin"
+            row["trip_start_hour"] = "99"
+        if i == 7:
+            row["fare"] = "twelve dollars"
+    with open(target / "data.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
+    corrupt(taxi_slice, tmp_path / "bad")
+    output_root = tmp_path / "outputs"
+    config = small_config(tmp_path / "bad", output_root)
+    code = cli.main(["run", "--set", f"data.path={tmp_path / 'bad'}", "--set", f"output_root={output_root}",
+                     "--set", "beam.direct_running_mode=in_memory"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "data-validation gate" in err
+    for feature in ("trip_miles", "payment_type", "trip_start_hour", "fare"):
+        assert f"] {feature}:" in err, f"{feature} should be named among the anomalies"
+    assert "full report: " in err
+    assert not Path(config.serving_dir).exists(), "nothing may be pushed"
+    assert not Path(config.pipeline_root, "Transform").exists(), "nothing downstream of the gate may run"
+
+
+def test_missing_data_folder_is_one_clear_sentence(tmp_path, capsys):
+    code = cli.main(["run", "--set", f"data.path={tmp_path / 'absent'}", "--set", f"output_root={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == f"error: data folder {tmp_path / 'absent'} does not exist; set data.path to a folder of CSV files."
+
+
+def test_unknown_config_key_exits_non_zero(capsys):
+    assert cli.main(["run", "--set", "trainig.train_steps=1"]) == 2
+    assert "unknown config key 'trainig'" in capsys.readouterr().err

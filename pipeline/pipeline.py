@@ -8,6 +8,7 @@ from pathlib import Path
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
+from components.baseline import PreviousBlessedModelStrategy
 from components.gates.component import DataValidationGate
 from pipeline.config import PipelineConfig
 from pipeline.data import resolve_data_dir
@@ -141,10 +142,11 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         custom_config=module_config,
     )
     model_resolver = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        strategy_class=PreviousBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-    ).with_id("LatestBlessedModelResolver")
+        candidate=trainer.outputs["model"],
+    ).with_id("BaselineModelResolver")
     evaluator = tfx.components.Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],

@@ -43,17 +43,12 @@ def test_sgd_with_momentum():
     assert float(model.optimizer.momentum) == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize(
-    "schedule, kind",
-    [
-        ("exponential", tf.keras.optimizers.schedules.ExponentialDecay),
-        ("cosine", tf.keras.optimizers.schedules.CosineDecay),
-    ],
-)
+@pytest.mark.parametrize("schedule, kind", [("exponential", "ExponentialDecay"), ("cosine", "CosineDecay")])
 def test_learning_rate_schedules(schedule, kind):
     model = build_model(NUMERIC, CARDINALITIES, training(lr_schedule=schedule, decay_steps=10))
-    assert isinstance(model.optimizer.learning_rate, kind)
-    assert model.optimizer.learning_rate.decay_steps == 10
+    learning_rate = model.optimizer.get_config()["learning_rate"]
+    assert learning_rate["class_name"] == kind
+    assert learning_rate["config"]["decay_steps"] == 10
 
 
 def test_gradient_clipping_by_norm():

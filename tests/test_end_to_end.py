@@ -1,6 +1,8 @@
 """The whole pipeline on 2,000 rows: a blessed model pushed to a TF Serving repository, a cached second run,
 and a corrupted CSV stopped by the data-validation gate with nothing pushed."""
 import csv
+import dataclasses
+import json
 import math
 import os
 from pathlib import Path
@@ -9,17 +11,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.model import apply_hyperparameters
 from pipeline import cli
 from pipeline.runner import run_local
 from tests.conftest import small_config
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
-             "Transform", "Trainer", "Evaluator", "Pusher"]
+             "Transform", "Tuner", "Trainer", "Evaluator", "Pusher"]
 
 
 @pytest.fixture(scope="module")
 def first_and_second_run(taxi_slice, tmp_path_factory):
-    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"))
+    # The Tuner is on here so that its hand-over to the Trainer is covered too.
+    tuner = ["tuner.enabled=true", "tuner.max_trials=2", "tuner.train_steps=10", "tuner.eval_steps=5"]
+    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"), *tuner)
     first = run_local(config)
     second = run_local(config)
     return config, first, second
@@ -66,6 +71,16 @@ def test_pushed_model_answers_a_raw_feature_request(first_and_second_run, taxi_s
     assert probabilities.shape == (32,)
     assert np.all((probabilities >= 0) & (probabilities <= 1))
     assert len(set(np.round(probabilities, 4))) > 1
+
+
+def test_trainer_uses_the_tuners_best_hyperparameters(first_and_second_run):
+    config, first, _ = first_and_second_run
+    [best] = Path(config.pipeline_root, "Tuner", "best_hyperparameters").glob("*/best_hyperparameters.txt")
+    tuned = apply_hyperparameters(dataclasses.asdict(config.training), json.loads(best.read_text()))
+    kernels = {v.name: v.shape for v in tf.saved_model.load(first.pushed_path).model.variables if "kernel" in v.name}
+    widths = [kernels[f"dense_{i}/kernel:0"][1] for i in range(len(tuned["hidden_units"]))]
+    assert widths == tuned["hidden_units"]
+    assert f"dense_{len(widths)}/kernel:0" not in kernels
 
 
 def test_second_run_is_served_from_the_cache(first_and_second_run):

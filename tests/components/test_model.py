@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.model import build_model, class_weights
+from components.model import apply_hyperparameters, build_model, class_weights
 from pipeline.config import TrainingConfig
 
 NUMERIC = ["fare_xf", "trip_miles_xf"]
@@ -104,3 +104,14 @@ def test_class_weights_refuse_a_single_class():
     dataset = tf.data.Dataset.from_tensor_slices(({"x": tf.zeros([2, 1])}, tf.zeros([2, 1], tf.int64))).batch(2)
     with pytest.raises(ValueError, match="only one class"):
         class_weights(dataset)
+
+
+def test_tuned_hyperparameters_replace_width_depth_and_rate():
+    from components.tuner import search_space
+
+    space = search_space()
+    space.values.update({"units": 32, "depth": 3, "learning_rate": 0.005})
+    tuned = apply_hyperparameters(training(), space.get_config())
+    assert tuned["hidden_units"] == [32, 16, 8]
+    assert tuned["learning_rate"] == pytest.approx(0.005)
+    assert apply_hyperparameters(training(), None) == training()

@@ -8,17 +8,13 @@ from pathlib import Path
 
 from tensorflow_serving.config import model_server_config_pb2
 
+from serving import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_MAX_BATCH_SIZE, DEFAULT_REST_PORT
 from serving.grpc_api import GrpcServer
 from serving.model_manager import ConfigError, ModelManager, single_model_config
 from serving.model_repository import RepositoryError, parse_model_server_config
 from serving.rest_api import RestServer
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_REST_PORT = 8501
-DEFAULT_GRPC_PORT = 8500
-DEFAULT_MAX_BATCH_SIZE = 1024
 
 
 class ModelServer:

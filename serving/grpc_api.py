@@ -21,7 +21,7 @@ from serving.api_messages import SIGNATURE_DEF_FIELD, model_metadata_response, m
 from serving.errors import ServingRequestError, invalid_argument
 from serving.model_manager import ConfigError, ModelManager
 from serving.predictor import run_prediction
-from serving.servable import ServableVersion
+from serving.servable import ServableVersion, dtype_label
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         for name, tensor in request.inputs.items():
             info = signature.inputs.get(name)
             if info is not None and tensor.dtype != info.dtype:
-                expected = tf.dtypes.as_dtype(info.dtype).name
-                given = tf.dtypes.as_dtype(tensor.dtype).name if tensor.dtype else "an unset dtype"
+                expected = dtype_label(info.dtype)
+                given = dtype_label(tensor.dtype) if tensor.dtype else "an unset dtype"
                 raise invalid_argument(f"Expects arg[{name}] to be {expected} but {given} is provided")
             try:
                 arrays[name] = tf.make_ndarray(tensor)

@@ -18,13 +18,13 @@ from urllib.parse import unquote, urlsplit
 import grpc
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from serving.api_messages import message_to_json_dict, model_metadata_json, model_status_response
 from serving.errors import ServingRequestError, invalid_argument
 from serving.model_manager import ModelManager
 from serving.predictor import run_prediction
+from serving.servable import dtype_label
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +55,6 @@ def json_type_name(value: Any) -> str:
 
 def is_b64_object(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and "b64" in value
-
-
-def dtype_label(dtype: tf.DType) -> str:
-    """TF Serving's spelling of a dtype in messages: float, int64, string."""
-    return types_pb2.DataType.Name(dtype.as_datatype_enum)[3:].lower()
 
 
 def _convert_leaf(value: Any, dtype: tf.DType) -> Any:
@@ -399,7 +394,9 @@ class RestServer:
         self.max_body_bytes = max_body_bytes
         self._httpd = _ThreadingServer((host, port), self)
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rest-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="rest-server", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
 
@@ -57,6 +58,11 @@ class ServableVersion:
         if found is None:
             raise invalid_argument(f'Serving signature name: "{resolved}" not found in signature def')
         return found
+
+
+def dtype_label(dtype: tf.DType | int) -> str:
+    """TF Serving's spelling of a dtype in messages: float, int64, string."""
+    return types_pb2.DataType.Name(tf.dtypes.as_dtype(dtype).as_datatype_enum)[3:].lower()
 
 
 class ServableLoadError(Exception):

@@ -95,3 +95,38 @@ def server(repository) -> ModelServer:
 def copy_export(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     return target
+
+
+def http_json(method: str, url: str, body: object = None, raw: bytes | None = None) -> tuple[int, dict]:
+    """One HTTP request; returns the status and the decoded JSON body (errors included)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def version_answering(probability: float, row: dict = ROW) -> int | None:
+    """Which tiny-model version gives `probability` for `row` (None if none does)."""
+    for version in VERSION_BIAS:
+        if abs(expected_probability(row, version) - probability) < 1e-5:
+            return version
+    return None
+
+
+def wait_for(condition, timeout_s: float = 15.0, what: str = "condition") -> None:
+    """Polls `condition` every 20 ms; fails the test after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

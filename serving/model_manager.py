@@ -260,10 +260,11 @@ class ModelManager:
         self._set_state(name, VersionState(version, "LOADING"))
         try:
             servable = self._loader(name, version, path)
-        except ServableLoadError as e:
+        except Exception as e:  # noqa: BLE001 - a broken version must never stop the versions already serving
+            code, reason = (e.code, e.message) if isinstance(e, ServableLoadError) else ("UNKNOWN", repr(e))
             self._failed_loads[(name, version)] = fingerprint
-            self._set_state(name, VersionState(version, "END", e.code, e.message))
-            problems.append(f"Model {name} version {version} failed to load: {e.message}")
+            self._set_state(name, VersionState(version, "END", code, reason))
+            problems.append(f"Model {name} version {version} failed to load: {reason}")
             return None
         self._failed_loads.pop((name, version), None)
         self._set_state(name, VersionState(version, "AVAILABLE"))

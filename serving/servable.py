@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message, text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
@@ -78,13 +79,16 @@ def read_signature_defs(export_dir: Path) -> get_model_metadata_pb2.SignatureDef
     """The SignatureDefs of the SavedModel's serving MetaGraph, as TF Serving reports them in metadata."""
     pb_path = export_dir / "saved_model.pb"
     saved_model = saved_model_pb2.SavedModel()
-    if pb_path.is_file():
-        saved_model.ParseFromString(pb_path.read_bytes())
-    elif (export_dir / "saved_model.pbtxt").is_file():
-        from google.protobuf import text_format
-
-        text_format.Parse((export_dir / "saved_model.pbtxt").read_text(), saved_model)
-    else:
+    try:
+        if pb_path.is_file():
+            saved_model.ParseFromString(pb_path.read_bytes())
+        elif (export_dir / "saved_model.pbtxt").is_file():
+            text_format.Parse((export_dir / "saved_model.pbtxt").read_text(), saved_model)
+        else:
+            saved_model = None
+    except (message.DecodeError, text_format.ParseError, OSError, UnicodeDecodeError) as e:
+        raise ServableLoadError("DATA_LOSS", f"The SavedModel at {export_dir} is corrupt: {_first_line(e)}") from e
+    if saved_model is None:
         raise ServableLoadError(
             "NOT_FOUND",
             f"Could not find SavedModel .pb or .pbtxt at supplied export directory path: {export_dir}",

@@ -58,7 +58,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     one_model = args.model_base_path or args.model_name
     if args.model_config and one_model:
         return _usage_error("give either --model-config or --model-base-path with --model-name, not both")
@@ -67,6 +66,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.max_batch_size < 1:
         return _usage_error("--max-batch-size must be at least 1")
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from serving.model_manager import ConfigError
     from serving.model_repository import RepositoryError, validate_model_name
     from serving.server import ModelServer

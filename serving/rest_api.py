@@ -362,8 +362,14 @@ class _RestHandler(BaseHTTPRequestHandler):
 
     def _respond(self, method: str) -> None:
         server: RestServer = self.server.owner  # type: ignore[attr-defined]
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > server.max_body_bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            status, payload = 400, {"error": "Content-Length is not a non-negative integer; send a valid length."}
+        elif length > server.max_body_bytes:
             self.close_connection = True
             status, payload = 400, {
                 "error": f"Request body of {length} bytes is over the limit of {server.max_body_bytes}; "

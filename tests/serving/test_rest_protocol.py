@@ -1,6 +1,7 @@
 """The REST API as TF Serving documents it (tensorflow.org/tfx/serving/api_rest): bodies, formats and error codes."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -171,3 +172,20 @@ def test_bad_request_gets_an_error_and_the_server_keeps_serving(server, what, me
 def test_batch_at_the_limit_is_accepted(server):
     status, body = http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW] * 8})
     assert status == 200 and len(body["predictions"]) == 8
+
+
+def test_body_over_the_limit_and_a_bad_content_length_are_refused(server, monkeypatch):
+    import http.client
+
+    monkeypatch.setattr(server._rest, "max_body_bytes", 100)
+    for length in ("1000", "abc"):
+        connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=10)
+        connection.putrequest("POST", f"/v1/models/{MODEL}:predict")
+        connection.putheader("Content-Length", length)
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 400
+        assert "error" in json.loads(response.read())
+        connection.close()
+    status, _ = http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})
+    assert status == 200

@@ -27,8 +27,9 @@ def test_rollout_under_load_fails_no_request_and_switches_versions(repository, s
                             failures.append(f"{transport} {label}: {e!r}")
 
     def answered_since(start: int, label: str, version: int) -> bool:
-        recent = [a for a in answers[start:] if a[1] == label]
-        return {a[0] for a in recent if a[2] == version} == {"rest", "grpc"}
+        # Every sender, over both transports, has seen `label` answered by `version` since `start`.
+        seen = {(a[0], a[3]) for a in answers[start:] if a[1] == label and a[2] == version}
+        return seen == {(transport, sender) for transport in ("rest", "grpc") for sender in range(2)}
 
     def more_traffic(count: int = 40) -> None:
         mark = len(answers)
@@ -38,7 +39,8 @@ def test_rollout_under_load_fails_no_request_and_switches_versions(repository, s
     for sender in senders:
         sender.start()
     try:
-        wait_for(lambda: answered_since(0, "canary", 2), what="traffic on the initial versions")
+        wait_for(lambda: answered_since(0, "canary", 2) and answered_since(0, "stable", 1),
+                 what="traffic on the initial versions")
         more_traffic()
 
         # A new version arrives and becomes the canary; stable stays on 1.

@@ -7,6 +7,7 @@ import sys
 import warnings
 
 from pipeline.config import ConfigError, load_config
+from serving import cli as serving_cli
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the whole pipeline locally (LocalDagRunner on Beam)")
     _add_config_args(run)
     run.set_defaults(handler=_run)
+    serving_cli.register(commands)
     return parser
 
 

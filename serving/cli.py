@@ -1,0 +1,164 @@
+"""`mlops serve` (the local TF-Serving-compatible server) and `mlops predict` (the clients from the shell)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from serving import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_MAX_BATCH_SIZE, DEFAULT_REST_PORT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the `serve` and `predict` subcommands to the `mlops` parser."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve models over TF Serving's REST and gRPC APIs (a local stand-in for tensorflow_model_server)",
+    )
+    source = serve.add_argument_group("what to serve (a config file, or one model)")
+    source.add_argument("--model-config", help="text-format ModelServerConfig (models.config), re-read while running")
+    source.add_argument("--model-base-path", help="folder holding <integer version>/ SavedModels of one model")
+    source.add_argument("--model-name", help="name to serve --model-base-path under")
+    serve.add_argument("--rest-port", type=int, default=DEFAULT_REST_PORT, help="REST port (0: any free port)")
+    serve.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (0: any free port)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument(
+        "--poll-seconds", type=float, default=1.0,
+        help="re-read the config file and model folders this often; 0 turns polling off (default 1)",
+    )
+    serve.add_argument(
+        "--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+        help=f"largest number of examples in one request (default {DEFAULT_MAX_BATCH_SIZE})",
+    )
+    serve.add_argument("--grpc-workers", type=int, default=8, help="gRPC worker threads (default 8)")
+    serve.set_defaults(handler=serve_command)
+
+    predict = subparsers.add_parser("predict", help="ask a TF Serving (real or local) for predictions")
+    transport = predict.add_mutually_exclusive_group(required=True)
+    transport.add_argument("--rest", metavar="URL", help="REST address, e.g. http://127.0.0.1:8501")
+    transport.add_argument("--grpc", metavar="HOST:PORT", help="gRPC address, e.g. 127.0.0.1:8500")
+    predict.add_argument("--model", required=True, help="model name")
+    choice = predict.add_mutually_exclusive_group()
+    choice.add_argument("--version", type=int, help="a version number (default: the latest)")
+    choice.add_argument("--label", help="a version label, e.g. stable or canary")
+    rows = predict.add_mutually_exclusive_group(required=True)
+    rows.add_argument("--json", dest="json_rows", metavar="JSON", help="one row as a JSON object, or a list of them")
+    rows.add_argument("--csv", metavar="FILE", help="CSV file with a header; one prediction per row")
+    predict.add_argument("--signature-name", default="serving_default", help="signature to call")
+    predict.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
+    predict.add_argument(
+        "--drop-unknown-features", action="store_true",
+        help="ignore columns the model does not take (e.g. the label column of evaluation data)",
+    )
+    predict.set_defaults(handler=predict_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    one_model = args.model_base_path or args.model_name
+    if args.model_config and one_model:
+        return _usage_error("give either --model-config or --model-base-path with --model-name, not both")
+    if not args.model_config and not (args.model_base_path and args.model_name):
+        return _usage_error("give --model-config FILE, or --model-base-path DIR with --model-name NAME")
+    if args.max_batch_size < 1:
+        return _usage_error("--max-batch-size must be at least 1")
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from serving.model_manager import ConfigError
+    from serving.model_repository import RepositoryError, validate_model_name
+    from serving.server import ModelServer
+
+    options = dict(
+        host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port, poll_seconds=args.poll_seconds,
+        max_batch_size=args.max_batch_size, grpc_workers=args.grpc_workers,
+    )
+    try:
+        if args.model_config:
+            if not Path(args.model_config).is_file():
+                return _usage_error(f"model config {args.model_config} does not exist")
+            server = ModelServer(config_path=args.model_config, **options)
+        else:
+            validate_model_name(args.model_name)
+            server = ModelServer.for_model(args.model_name, args.model_base_path, **options)
+        problems = server.start()
+    except (ConfigError, RepositoryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot open the server ports: {e}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("server stopped", flush=True)
+    return 0
+
+
+def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
+    """The rows given on the command line: a JSON object or list, or a CSV file with a header."""
+    if json_rows is not None:
+        try:
+            parsed = json.loads(json_rows)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--json is not valid JSON ({e}); pass an object like '{{\"fare\": 12.5}}'.") from e
+        rows = [parsed] if isinstance(parsed, dict) else parsed
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ValueError("--json must be a JSON object or a list of objects, one per row.")
+        return rows
+    path = Path(csv_path)
+    if not path.is_file():
+        raise ValueError(f"CSV file {path} does not exist.")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    from serving.client import ServingError, connect
+
+    try:
+        rows = read_rows(args.json_rows, args.csv)
+    except ValueError as e:
+        return _usage_error(str(e))
+    try:
+        with connect(rest=args.rest, grpc=args.grpc) as client:
+            probabilities = client.predict(
+                rows, args.model, version=args.version, label=args.label, timeout=args.timeout,
+                signature_name=args.signature_name, drop_unknown_features=args.drop_unknown_features,
+            )
+    except ValueError as e:
+        return _usage_error(str(e))
+    except ServingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for probability in probabilities:
+        print(f"{probability:.6f}")
+    return 0
+
+
+def _usage_error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `serve` or `predict` without the rest of `mlops` (used by the benchmark and tests)."""
+    parser = argparse.ArgumentParser(prog="python -m serving.cli")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

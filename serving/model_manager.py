@@ -1,0 +1,288 @@
+"""Which model versions are loaded and which labels point where, swapped atomically on every config change.
+
+Requests read one immutable snapshot (no lock per request). A reload loads new versions first and then
+publishes a new snapshot, so a version is unloaded only after its replacement is available.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.errors import invalid_argument, not_found
+from serving.model_repository import RepositoryError, list_versions, validate_label, validate_model_name
+from serving.servable import ServableLoadError, ServableVersion, load_servable_version
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_PLATFORMS = frozenset({"", "tensorflow"})
+
+
+class ConfigError(ValueError):
+    """A ModelServerConfig that cannot be applied at all; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class VersionState:
+    """A row of GetModelStatus: `state` is START, LOADING, AVAILABLE, UNLOADING or END."""
+
+    version: int
+    state: str
+    error_code: str = "OK"
+    error_message: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    name: str
+    versions: Mapping[int, ServableVersion] = field(default_factory=dict)
+    labels: Mapping[str, int] = field(default_factory=dict)
+
+    def latest(self) -> ServableVersion | None:
+        return self.versions[max(self.versions)] if self.versions else None
+
+
+def validate_config(config: model_server_config_pb2.ModelServerConfig) -> None:
+    """Raises ConfigError when `config` uses something this server cannot apply."""
+    if config.HasField("custom_model_config"):
+        raise ConfigError("custom_model_config is not supported; use model_config_list.")
+    seen: set[str] = set()
+    for model_config in config.model_config_list.config:
+        try:
+            validate_model_name(model_config.name)
+            for label in model_config.version_labels:
+                validate_label(label)
+        except RepositoryError as e:
+            raise ConfigError(str(e)) from e
+        if model_config.name in seen:
+            raise ConfigError(f"Model {model_config.name!r} appears twice in the config; keep one entry.")
+        seen.add(model_config.name)
+        if not model_config.base_path:
+            raise ConfigError(f"Model {model_config.name!r} has no base_path; set it to the model's folder.")
+        if model_config.model_platform not in SUPPORTED_PLATFORMS:
+            raise ConfigError(
+                f"Model {model_config.name!r} uses platform {model_config.model_platform!r}; "
+                "only 'tensorflow' is supported."
+            )
+        if model_config.model_type:
+            raise ConfigError(f"Model {model_config.name!r} sets the deprecated model_type; use model_platform.")
+
+
+def single_model_config(model_name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
+    """The config the real server builds from --model_name and --model_base_path: latest version only."""
+    config = model_server_config_pb2.ModelServerConfig()
+    model_config = config.model_config_list.config.add()
+    model_config.name = model_name
+    model_config.base_path = base_path
+    model_config.model_platform = "tensorflow"
+    return config
+
+
+def aspired_versions(model_config: model_server_config_pb2.ModelConfig, on_disk: list[int]) -> list[int]:
+    """The versions the config's version policy asks for, among those on disk (default: the latest one)."""
+    policy = model_config.model_version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return list(on_disk)
+    if choice == "specific":
+        wanted = set(policy.specific.versions)
+        return [v for v in on_disk if v in wanted]
+    count = max(policy.latest.num_versions, 1) if choice == "latest" else 1
+    return on_disk[-count:]
+
+
+class ModelManager:
+    """Loads and unloads versions to match a ModelServerConfig and answers which version serves a request."""
+
+    def __init__(self, loader: Callable[[str, int, str], ServableVersion] = load_servable_version) -> None:
+        self._loader = loader
+        self._reload_lock = threading.Lock()
+        self._config = model_server_config_pb2.ModelServerConfig()
+        # Published mappings are never mutated, only replaced, so readers need no lock.
+        self._models: Mapping[str, ModelSnapshot] = {}
+        self._states: Mapping[str, Mapping[int, VersionState]] = {}
+        self._failed_loads: dict[tuple[str, int], tuple] = {}
+
+    @property
+    def config(self) -> model_server_config_pb2.ModelServerConfig:
+        copy = model_server_config_pb2.ModelServerConfig()
+        copy.CopyFrom(self._config)
+        return copy
+
+    def apply_config(self, config: model_server_config_pb2.ModelServerConfig) -> list[str]:
+        """Makes the loaded versions and labels match `config`; returns the problems met (empty when all applied).
+
+        Raises ConfigError, changing nothing, when the config itself is unusable.
+        """
+        validate_config(config)
+        with self._reload_lock:
+            new_config = model_server_config_pb2.ModelServerConfig()
+            new_config.CopyFrom(config)
+            self._config = new_config
+            return self._sync()
+
+    def refresh(self) -> list[str]:
+        """Re-scans the model folders under the current config (new version folders appear this way)."""
+        with self._reload_lock:
+            return self._sync()
+
+    def resolve(self, model_name: str, version: int | None = None, label: str | None = None) -> ServableVersion:
+        """The loaded version a request names: by number, by label, or the latest."""
+        snapshot = self._snapshot(model_name)
+        if label:
+            if snapshot is None:
+                raise not_found(f"Servable not found for request: Latest({model_name})")
+            labelled = snapshot.labels.get(label)
+            if labelled is None:
+                raise invalid_argument(f"Unrecognized servable version label: {label}")
+            version = labelled
+        if version is not None:
+            found = snapshot.versions.get(version) if snapshot else None
+            if found is None:
+                raise not_found(f"Servable not found for request: Specific({model_name}, {version})")
+            return found
+        latest = snapshot.latest() if snapshot else None
+        if latest is None:
+            raise not_found(f"Servable not found for request: Latest({model_name})")
+        return latest
+
+    def model_status(self, model_name: str, version: int | None = None, label: str | None = None) -> list[VersionState]:
+        """GetModelStatus: the state of one version (by number or label) or of all versions, newest first."""
+        snapshot = self._snapshot(model_name)
+        states = self._states.get(model_name, {})
+        if label:
+            labelled = snapshot.labels.get(label) if snapshot else None
+            if labelled is None:
+                raise invalid_argument(f"Unrecognized servable version label: {label}")
+            version = labelled
+        if version is not None:
+            if version not in states:
+                raise not_found(f"Could not find version {version} of model {model_name}")
+            return [states[version]]
+        if not states:
+            raise not_found(f"Could not find any versions of model {model_name}")
+        return [states[v] for v in sorted(states, reverse=True)]
+
+    def available_versions(self, model_name: str) -> list[int]:
+        snapshot = self._models.get(model_name)
+        return sorted(snapshot.versions) if snapshot else []
+
+    def labels(self, model_name: str) -> dict[str, int]:
+        snapshot = self._models.get(model_name)
+        return dict(snapshot.labels) if snapshot else {}
+
+    def unload_all(self) -> None:
+        with self._reload_lock:
+            for name, snapshot in self._models.items():
+                for version in snapshot.versions:
+                    self._set_state(name, VersionState(version, "END"))
+            self._models = {}
+
+    def _snapshot(self, model_name: str) -> ModelSnapshot | None:
+        try:
+            validate_model_name(model_name)
+        except RepositoryError as e:
+            raise invalid_argument(str(e)) from e
+        return self._models.get(model_name)
+
+    def _sync(self) -> list[str]:
+        problems: list[str] = []
+        models: dict[str, ModelSnapshot] = {}
+        for model_config in self._config.model_config_list.config:
+            snapshot = self._sync_model(model_config, problems)
+            models[model_config.name] = snapshot
+            # Publish per model so a model that finished loading serves while the next one loads.
+            self._models = {**self._models, model_config.name: snapshot}
+        for name, snapshot in self._models.items():
+            if name not in models:
+                for version in snapshot.versions:
+                    self._set_state(name, VersionState(version, "END"))
+                logger.info("unloaded model %s (no longer in the config)", name)
+        self._models = models
+        for problem in problems:
+            logger.warning("%s", problem)
+        return problems
+
+    def _sync_model(self, model_config: model_server_config_pb2.ModelConfig, problems: list[str]) -> ModelSnapshot:
+        name = model_config.name
+        base_path = Path(model_config.base_path)
+        old = self._models.get(name) or ModelSnapshot(name)
+        on_disk = list_versions(base_path)
+        if not base_path.is_dir():
+            logger.info("model %s: base path %s does not exist yet; waiting for versions", name, base_path)
+        loaded: dict[int, ServableVersion] = {}
+        for version in aspired_versions(model_config, on_disk):
+            path = str(base_path / str(version))
+            current = old.versions.get(version)
+            if current is not None and current.path == path:
+                loaded[version] = current
+                continue
+            servable = self._load(name, version, path, problems)
+            if servable is not None:
+                loaded[version] = servable
+
+        retained = dict(loaded)
+        if not loaded and old.versions:
+            # Availability first: keep what serves until something newer has loaded.
+            retained = dict(old.versions)
+            problems.append(
+                f"Model {name}: no version asked for by the config could be loaded; "
+                f"still serving versions {sorted(retained)}."
+            )
+
+        labels = dict(model_config.version_labels)
+        unavailable = {label: v for label, v in labels.items() if v not in retained}
+        if unavailable:
+            problems.append(
+                f"Model {name}: labels {unavailable} point at versions that are not available; "
+                f"keeping the previous labels {dict(old.labels)}."
+            )
+            labels = {label: v for label, v in old.labels.items() if v in retained or v in old.versions}
+            for version in labels.values():
+                if version not in retained:
+                    retained[version] = old.versions[version]
+
+        for version in old.versions:
+            if version not in retained:
+                self._set_state(name, VersionState(version, "END"))
+                logger.info("unloaded %s version %d", name, version)
+        return ModelSnapshot(name, retained, labels)
+
+    def _load(self, name: str, version: int, path: str, problems: list[str]) -> ServableVersion | None:
+        fingerprint = _folder_fingerprint(path)
+        if self._failed_loads.get((name, version)) == fingerprint:
+            return None  # Unchanged since it last failed: its status already says why.
+        self._set_state(name, VersionState(version, "LOADING"))
+        try:
+            servable = self._loader(name, version, path)
+        except Exception as e:  # noqa: BLE001 - a broken version must never stop the versions already serving
+            code, reason = (e.code, e.message) if isinstance(e, ServableLoadError) else ("UNKNOWN", repr(e))
+            self._failed_loads[(name, version)] = fingerprint
+            self._set_state(name, VersionState(version, "END", code, reason))
+            problems.append(f"Model {name} version {version} failed to load: {reason}")
+            return None
+        self._failed_loads.pop((name, version), None)
+        self._set_state(name, VersionState(version, "AVAILABLE"))
+        logger.info("loaded %s version %d from %s", name, version, path)
+        return servable
+
+    def _set_state(self, name: str, state: VersionState) -> None:
+        model_states = {**self._states.get(name, {}), state.version: state}
+        self._states = {**self._states, name: model_states}
+
+
+def _folder_fingerprint(path: str) -> tuple:
+    # A failed version is retried only when its folder changed (e.g. it was fixed in place).
+    parts = []
+    for candidate in (path, os.path.join(path, "saved_model.pb"), os.path.join(path, "variables")):
+        try:
+            parts.append(os.stat(candidate).st_mtime_ns)
+        except OSError:
+            parts.append(None)
+    return tuple(parts)
+

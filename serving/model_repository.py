@@ -1,0 +1,297 @@
+"""TF Serving's model repository: `<base>/<model>/<integer version>/` plus a text-format `models.config`.
+
+Versions are immutable: a version is staged under a hidden temporary name and renamed into place
+only when complete, so a server polling the folder never sees half a SavedModel.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+VERSION_DIR_PATTERN = re.compile(r"^[0-9]+$")
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+CONFIG_FILE_NAME = "models.config"
+
+
+class RepositoryError(ValueError):
+    """A request to the model repository that cannot be honoured; the message says what to change."""
+
+
+def validate_model_name(name: str) -> str:
+    """Returns `name` if it is a safe model name (no `/`, no `..`), else raises RepositoryError."""
+    if not isinstance(name, str) or not MODEL_NAME_PATTERN.match(name) or ".." in name:
+        raise RepositoryError(
+            f"Model name {name!r} is invalid: use letters, digits, '_', '-' and '.', "
+            "start with a letter or digit, and do not use '..' or '/'."
+        )
+    return name
+
+
+def validate_label(label: str) -> str:
+    """Returns `label` if it is a valid version label (e.g. `stable`, `canary`), else raises RepositoryError."""
+    if not isinstance(label, str) or not LABEL_PATTERN.match(label):
+        raise RepositoryError(f"Version label {label!r} is invalid: use letters, digits, '_' and '-'.")
+    return label
+
+
+def is_saved_model_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in SAVED_MODEL_FILES)
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    """The complete versions under `model_dir`: sub-folders named by an integer (temporary names are hidden)."""
+    if not model_dir.is_dir():
+        return []
+    return sorted(
+        int(entry.name)
+        for entry in os.scandir(model_dir)
+        if entry.is_dir() and VERSION_DIR_PATTERN.match(entry.name)
+    )
+
+
+def parse_model_server_config(text: str, source: str) -> model_server_config_pb2.ModelServerConfig:
+    """Parses text-format ModelServerConfig; raises RepositoryError naming `source` and the parser's reason."""
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise RepositoryError(f"Model config {source} is not a valid text-format ModelServerConfig: {e}") from e
+    return config
+
+
+def read_model_server_config(path: str | Path) -> model_server_config_pb2.ModelServerConfig:
+    return parse_model_server_config(Path(path).read_text(), str(path))
+
+
+def write_model_server_config(config: model_server_config_pb2.ModelServerConfig, path: str | Path) -> None:
+    """Writes `config` as text format, atomically (temporary file, then rename) so pollers never read half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text_format.MessageToString(config))
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+@dataclass(frozen=True)
+class StagedVersion:
+    """A version being written: fill `path` with a SavedModel; it becomes `<model>/<version>/` on success."""
+
+    model_name: str
+    version: int
+    path: Path
+
+
+class ModelRepository:
+    """Owns `<base_dir>/<model>/<version>/` and the `models.config` that tells TF Serving what to serve.
+
+    `served_base_dir` is where the server sees `base_dir` (e.g. `/models` inside a container); by default
+    the config names the local absolute path.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | Path,
+        config_path: str | Path | None = None,
+        served_base_dir: str | None = None,
+    ) -> None:
+        self.base_dir = Path(base_dir).resolve()
+        self.config_path = Path(config_path) if config_path else self.base_dir / CONFIG_FILE_NAME
+        self.served_base_dir = served_base_dir.rstrip("/") if served_base_dir else str(self.base_dir)
+
+    # Layout
+
+    def model_dir(self, model_name: str) -> Path:
+        return self.base_dir / validate_model_name(model_name)
+
+    def version_dir(self, model_name: str, version: int) -> Path:
+        return self.model_dir(model_name) / str(_check_version(version))
+
+    def models(self) -> list[str]:
+        """Model folders present under the base folder."""
+        if not self.base_dir.is_dir():
+            return []
+        return sorted(
+            entry.name for entry in os.scandir(self.base_dir)
+            if entry.is_dir() and MODEL_NAME_PATTERN.match(entry.name) and ".." not in entry.name
+        )
+
+    def versions(self, model_name: str) -> list[int]:
+        """Complete versions of `model_name`, ascending."""
+        return list_versions(self.model_dir(model_name))
+
+    def latest_version(self, model_name: str) -> int | None:
+        versions = self.versions(model_name)
+        return versions[-1] if versions else None
+
+    @contextlib.contextmanager
+    def staged_version(self, model_name: str, version: int | None = None) -> Iterator[StagedVersion]:
+        """Yields a temporary folder to write a SavedModel into; publishes it as `version` when the block succeeds.
+
+        `version` defaults to one more than the newest version. An existing version is never replaced.
+        """
+        model_dir = self.model_dir(model_name)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            if version is None:
+                version = (self.latest_version(model_name) or 0) + 1
+            target = model_dir / str(_check_version(version))
+            if target.exists():
+                raise RepositoryError(
+                    f"Version {version} of model {model_name!r} already exists and versions are immutable; "
+                    "publish a new version number instead."
+                )
+            staging = model_dir / f".staging-{version}-{uuid.uuid4().hex[:8]}"
+            staging.mkdir()
+        try:
+            yield StagedVersion(model_name, version, staging)
+            if not is_saved_model_dir(staging):
+                raise RepositoryError(
+                    f"Nothing publishable was written for version {version} of {model_name!r}: "
+                    f"{staging} holds no saved_model.pb."
+                )
+            with self._lock():
+                if target.exists():
+                    raise RepositoryError(
+                        f"Version {version} of model {model_name!r} was published by someone else meanwhile; "
+                        "publish a new version number instead."
+                    )
+                os.rename(staging, target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def add_version(self, model_name: str, saved_model_dir: str | Path, version: int | None = None) -> int:
+        """Copies the SavedModel at `saved_model_dir` in as a new version and returns its number."""
+        source = Path(saved_model_dir)
+        if not is_saved_model_dir(source):
+            raise RepositoryError(f"{source} is not a SavedModel folder (no saved_model.pb); pass the export folder.")
+        with self.staged_version(model_name, version) as staged:
+            shutil.copytree(source, staged.path, dirs_exist_ok=True)
+        return staged.version
+
+    # models.config
+
+    def read_config(self) -> model_server_config_pb2.ModelServerConfig:
+        """The current ModelServerConfig (empty when the file does not exist yet)."""
+        if not self.config_path.exists():
+            return model_server_config_pb2.ModelServerConfig()
+        return read_model_server_config(self.config_path)
+
+    def serve(
+        self,
+        model_name: str,
+        versions: Iterable[int],
+        labels: Mapping[str, int] | None = None,
+    ) -> model_server_config_pb2.ModelServerConfig:
+        """Sets the versions TF Serving must serve for `model_name` (a `specific` policy) and its version labels.
+
+        Every version must exist on disk and every label must point at one of `versions`.
+        """
+        versions = sorted({_check_version(v) for v in versions})
+        if not versions:
+            raise RepositoryError(f"Give at least one version to serve for {model_name!r}.")
+        missing = [v for v in versions if not self.version_dir(model_name, v).is_dir()]
+        if missing:
+            raise RepositoryError(
+                f"Model {model_name!r} has no version(s) {missing} under {self.model_dir(model_name)}; "
+                f"available: {self.versions(model_name)}."
+            )
+        labels = dict(labels or {})
+        for label, version in labels.items():
+            validate_label(label)
+            if version not in versions:
+                raise RepositoryError(
+                    f"Label {label!r} points at version {version} of {model_name!r}, which is not served; "
+                    f"serve it too (served: {versions})."
+                )
+        with self._lock():
+            config = self.read_config()
+            model_config = _find_or_add_model(config, model_name)
+            model_config.base_path = f"{self.served_base_dir}/{model_name}"
+            model_config.model_platform = "tensorflow"
+            model_config.model_version_policy.Clear()
+            model_config.model_version_policy.specific.versions.extend(versions)
+            model_config.version_labels.clear()
+            for label, version in sorted(labels.items()):
+                model_config.version_labels[label] = version
+            write_model_server_config(config, self.config_path)
+        return config
+
+    def served_versions(self, model_name: str) -> list[int]:
+        """The versions named in the config's `specific` policy for `model_name` (empty if not configured)."""
+        model_config = _find_model(self.read_config(), model_name)
+        if model_config is None:
+            return []
+        return sorted(model_config.model_version_policy.specific.versions)
+
+    def labels(self, model_name: str) -> dict[str, int]:
+        model_config = _find_model(self.read_config(), model_name)
+        return dict(model_config.version_labels) if model_config is not None else {}
+
+    def set_label(self, model_name: str, label: str, version: int) -> model_server_config_pb2.ModelServerConfig:
+        """Points `label` at `version`, which must already be served."""
+        labels = self.labels(model_name)
+        labels[validate_label(label)] = _check_version(version)
+        return self.serve(model_name, self.served_versions(model_name), labels)
+
+    def remove_model(self, model_name: str) -> model_server_config_pb2.ModelServerConfig:
+        """Drops `model_name` from the config (its folders stay on disk)."""
+        with self._lock():
+            config = self.read_config()
+            kept = [c for c in config.model_config_list.config if c.name != model_name]
+            del config.model_config_list.config[:]
+            config.model_config_list.config.extend(kept)
+            write_model_server_config(config, self.config_path)
+        return config
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        # One writer at a time across processes (pusher, rollout controller): read-modify-write of the config.
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.base_dir / ".repository.lock", "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _check_version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise RepositoryError(f"Version {version!r} is invalid: versions are non-negative integers.")
+    return version
+
+
+def _find_model(config: model_server_config_pb2.ModelServerConfig, model_name: str):
+    for model_config in config.model_config_list.config:
+        if model_config.name == model_name:
+            return model_config
+    return None
+
+
+def _find_or_add_model(config: model_server_config_pb2.ModelServerConfig, model_name: str):
+    found = _find_model(config, validate_model_name(model_name))
+    if found is not None:
+        return found
+    model_config = config.model_config_list.config.add()
+    model_config.name = model_name
+    return model_config

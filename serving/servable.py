@@ -1,0 +1,128 @@
+"""One loaded model version: its SavedModel signatures, ready to call from many threads at once."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf import message, text_format
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow_serving.apis import get_model_metadata_pb2
+
+from serving.errors import invalid_argument
+
+DEFAULT_SIGNATURE = "serving_default"
+# SignatureDefs that describe graph initialisation, not something a client can call.
+INTERNAL_SIGNATURES = frozenset({"__saved_model_init_op"})
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A callable signature: the SignatureDef's tensor infos and the concrete function that runs it."""
+
+    name: str
+    inputs: Mapping[str, meta_graph_pb2.TensorInfo]
+    outputs: Mapping[str, meta_graph_pb2.TensorInfo]
+    function: Any
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = {
+            name: tf.constant(value, dtype=tf.dtypes.as_dtype(self.inputs[name].dtype))
+            for name, value in inputs.items()
+        }
+        try:
+            outputs = self.function(**tensors)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
+            # Inputs passed the signature checks but the graph rejected their values (e.g. a failed assert).
+            raise invalid_argument(f"The model rejected the inputs: {_first_line(e)}") from e
+        return {name: tensor.numpy() for name, tensor in outputs.items()}
+
+
+@dataclass(frozen=True)
+class ServableVersion:
+    """A loaded version of a model. Holding a reference keeps it usable even after it is unloaded."""
+
+    model_name: str
+    version: int
+    path: str
+    signature_def_map: get_model_metadata_pb2.SignatureDefMap
+    signatures: Mapping[str, Signature]
+    loaded_object: Any
+
+    def signature(self, name: str) -> Signature:
+        resolved = name or DEFAULT_SIGNATURE
+        found = self.signatures.get(resolved)
+        if found is None:
+            raise invalid_argument(f'Serving signature name: "{resolved}" not found in signature def')
+        return found
+
+
+def dtype_label(dtype: tf.DType | int) -> str:
+    """TF Serving's spelling of a dtype in messages: float, int64, string."""
+    return types_pb2.DataType.Name(tf.dtypes.as_dtype(dtype).as_datatype_enum)[3:].lower()
+
+
+class ServableLoadError(Exception):
+    """A version folder that could not be loaded; `code` is the canonical status name for model status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def read_signature_defs(export_dir: Path) -> get_model_metadata_pb2.SignatureDefMap:
+    """The SignatureDefs of the SavedModel's serving MetaGraph, as TF Serving reports them in metadata."""
+    pb_path = export_dir / "saved_model.pb"
+    saved_model = saved_model_pb2.SavedModel()
+    try:
+        if pb_path.is_file():
+            saved_model.ParseFromString(pb_path.read_bytes())
+        elif (export_dir / "saved_model.pbtxt").is_file():
+            text_format.Parse((export_dir / "saved_model.pbtxt").read_text(), saved_model)
+        else:
+            saved_model = None
+    except (message.DecodeError, text_format.ParseError, OSError, UnicodeDecodeError) as e:
+        raise ServableLoadError("DATA_LOSS", f"The SavedModel at {export_dir} is corrupt: {_first_line(e)}") from e
+    if saved_model is None:
+        raise ServableLoadError(
+            "NOT_FOUND",
+            f"Could not find SavedModel .pb or .pbtxt at supplied export directory path: {export_dir}",
+        )
+    serving_graphs = [g for g in saved_model.meta_graphs if "serve" in g.meta_info_def.tags]
+    if not serving_graphs:
+        raise ServableLoadError("NOT_FOUND", f"SavedModel at {export_dir} has no MetaGraph tagged 'serve'.")
+    signature_defs = get_model_metadata_pb2.SignatureDefMap()
+    for name, signature_def in serving_graphs[0].signature_def.items():
+        signature_defs.signature_def[name].CopyFrom(signature_def)
+    return signature_defs
+
+
+def load_servable_version(model_name: str, version: int, path: str | Path) -> ServableVersion:
+    """Loads the SavedModel at `path`; raises ServableLoadError with a reason when it cannot be served."""
+    export_dir = Path(path)
+    signature_defs = read_signature_defs(export_dir)
+    try:
+        loaded = tf.saved_model.load(str(export_dir), tags=["serve"])
+    except Exception as e:  # noqa: BLE001 - any loader failure is reported in model status, never raised to clients
+        raise ServableLoadError(
+            "INVALID_ARGUMENT", f"Loading the SavedModel at {export_dir} failed: {_first_line(e)}"
+        ) from e
+    signatures = {}
+    for name, function in loaded.signatures.items():
+        if name in INTERNAL_SIGNATURES or name not in signature_defs.signature_def:
+            continue
+        signature_def = signature_defs.signature_def[name]
+        signatures[name] = Signature(name, dict(signature_def.inputs), dict(signature_def.outputs), function)
+    if not signatures:
+        raise ServableLoadError("INVALID_ARGUMENT", f"SavedModel at {export_dir} has no callable signatures.")
+    return ServableVersion(model_name, version, str(export_dir), signature_defs, signatures, loaded)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

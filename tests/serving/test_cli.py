@@ -1,0 +1,92 @@
+"""`mlops serve`, `mlops predict` and the demo's serve_and_predict."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import build_parser
+from serving.demo import serve_and_predict
+from tests.serving.conftest import MODEL, ROW, expected_probability, http_json
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def mlops(*argv: str) -> int:
+    args = build_parser().parse_args(list(argv))
+    return args.handler(args)
+
+
+def test_predict_json_over_rest_by_label(server, capsys):
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--label", "stable", "--json",
+                 json.dumps(ROW)) == 0
+    assert capsys.readouterr().out.split() == [f"{expected_probability(ROW, 1):.6f}"]
+
+
+def test_predict_csv_over_grpc_by_version(server, tmp_path, capsys):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("fare,trip_start_hour,payment_type,tips\n2.5,7,Cash,0.0\n,,,1.5\n")
+    assert mlops("predict", "--grpc", server.grpc_target, "--model", MODEL, "--version", "1", "--csv",
+                 str(csv_file), "--drop-unknown-features") == 0
+    assert capsys.readouterr().out.split() == [
+        f"{expected_probability(ROW, 1):.6f}", f"{expected_probability({}, 1):.6f}"
+    ]
+
+
+def test_predict_errors_are_one_line_and_an_exit_code(server, capsys):
+    assert mlops("predict", "--rest", server.rest_url, "--model", "nope", "--json", json.dumps(ROW)) == 1
+    assert "Servable not found" in capsys.readouterr().err
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json", "{fare: 1}") == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert mlops("predict", "--grpc", server.grpc_target, "--model", MODEL, "--json", '{"fare": "x"}') == 1
+    assert "'fare' expects DT_FLOAT" in capsys.readouterr().err
+
+
+def test_serve_refuses_incomplete_arguments(tmp_path, capsys):
+    assert mlops("serve", "--model-name", MODEL) == 2
+    assert "--model-base-path" in capsys.readouterr().err
+    assert mlops("serve", "--model-config", str(tmp_path / "missing.config")) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert mlops("serve", "--model-base-path", str(tmp_path), "--model-name", "../x") == 2
+    assert "is invalid" in capsys.readouterr().err
+
+
+def test_mlops_serve_runs_until_sigterm(repository):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--model-config", str(repository.config_path),
+         "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0.2"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = process.stdout.readline()  # blocks until the server is up (or the process dies)
+        assert line.startswith("serving REST on http://127.0.0.1:"), line
+        rest_url = line.split()[3]
+        status, body = http_json("GET", f"{rest_url}/v1/models/{MODEL}/labels/canary")
+        assert status == 200 and body["model_version_status"][0]["version"] == "2"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "server stopped" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_serve_and_predict_prints_a_rest_and_a_grpc_prediction(repository, capsys):
+    serve_and_predict(str(repository.base_dir), MODEL, {**ROW, "tips": 1.0})
+    out = capsys.readouterr().out
+    expected = f"{expected_probability(ROW, 2):.6f}"
+    assert f"REST prediction: {expected}" in out
+    assert f"gRPC prediction: {expected}" in out
+    assert out.rstrip().endswith("server stopped")
+
+
+def test_serve_and_predict_without_a_pushed_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the pipeline first"):
+        serve_and_predict(str(tmp_path), MODEL, ROW)

@@ -1,0 +1,130 @@
+"""Config and folder changes while serving: no request fails, new versions take over, broken ones are reported."""
+from __future__ import annotations
+
+import threading
+import time
+
+from serving.client import GrpcClient, RestClient
+from serving.server import ModelServer
+from tests.serving.conftest import MODEL, ROW, copy_export, http_json, version_answering, wait_for
+
+
+def test_rollout_under_load_fails_no_request_and_switches_versions(repository, server, tiny_exports):
+    answers: list[tuple[str, str, int | None, int]] = []  # transport, label, version answering, sender
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def send_continuously(sender: int) -> None:
+        # No retries: a request that fails during the change must show up here.
+        with RestClient(server.rest_url, retries=0) as rest, GrpcClient(server.grpc_target, retries=0) as grpc:
+            while not stop.is_set():
+                for transport, client in (("rest", rest), ("grpc", grpc)):
+                    for label in ("stable", "canary"):
+                        try:
+                            probability = client.predict(ROW, MODEL, label=label, timeout=10)[0]
+                            answers.append((transport, label, version_answering(probability), sender))
+                        except Exception as e:  # noqa: BLE001 - every failure is collected and asserted on
+                            failures.append(f"{transport} {label}: {e!r}")
+
+    def answered_since(start: int, label: str, version: int) -> bool:
+        # Every sender, over both transports, has seen `label` answered by `version` since `start`.
+        seen = {(a[0], a[3]) for a in answers[start:] if a[1] == label and a[2] == version}
+        return seen == {(transport, sender) for transport in ("rest", "grpc") for sender in range(2)}
+
+    def more_traffic(count: int = 40) -> None:
+        mark = len(answers)
+        wait_for(lambda: len(answers) >= mark + count, what=f"{count} more answers")
+
+    senders = [threading.Thread(target=send_continuously, args=(i,), daemon=True) for i in range(2)]
+    for sender in senders:
+        sender.start()
+    try:
+        wait_for(lambda: answered_since(0, "canary", 2) and answered_since(0, "stable", 1),
+                 what="traffic on the initial versions")
+        more_traffic()
+
+        # A new version arrives and becomes the canary; stable stays on 1.
+        repository.add_version(MODEL, tiny_exports[3], version=3)
+        repository.serve(MODEL, [1, 2, 3], {"stable": 1, "canary": 3})
+        mark = len(answers)
+        wait_for(lambda: answered_since(mark, "canary", 3), what="canary answering from version 3")
+        assert server.manager.labels(MODEL) == {"stable": 1, "canary": 3}
+        more_traffic()
+
+        # Promotion: stable moves to 3 and the old versions are unloaded in the same change.
+        repository.serve(MODEL, [3], {"stable": 3, "canary": 3})
+        mark = len(answers)
+        wait_for(lambda: answered_since(mark, "stable", 3), what="stable answering from version 3")
+        wait_for(lambda: server.manager.available_versions(MODEL) == [3], what="versions 1 and 2 unloaded")
+        more_traffic()
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=30)
+
+    assert failures == []
+    assert len(answers) >= 120
+    assert all(answer[2] is not None for answer in answers)
+    for sender in range(2):
+        for transport in ("rest", "grpc"):
+            for label, expected_switches in (("stable", [1, 3]), ("canary", [2, 3])):
+                sequence = [a[2] for a in answers if a[0] == transport and a[1] == label and a[3] == sender]
+                # One sender's requests are sequential: each label switched once, old to new, never back.
+                switches = [v for i, v in enumerate(sequence) if i == 0 or v != sequence[i - 1]]
+                assert switches == expected_switches, (sender, transport, label)
+    status, body = http_json("GET", f"{server.rest_url}/v1/models/{MODEL}")
+    assert {(row["version"], row["state"]) for row in body["model_version_status"]} == {
+        ("3", "AVAILABLE"), ("2", "END"), ("1", "END")
+    }
+
+
+def test_a_version_that_fails_to_load_is_reported_and_the_others_keep_serving(repository, server):
+    broken = repository.model_dir(MODEL) / "5"
+    broken.mkdir()
+    (broken / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    repository.serve(MODEL, [1, 2, 5], {"stable": 1, "canary": 2})
+
+    def version_5_state():
+        status, body = http_json("GET", f"{server.rest_url}/v1/models/{MODEL}/versions/5")
+        return body["model_version_status"][0] if status == 200 else None
+
+    wait_for(lambda: (version_5_state() or {}).get("state") == "END", what="version 5 to fail")
+    state = version_5_state()
+    assert state["status"]["error_code"] != "OK"
+    assert "5" in state["status"]["error_message"]
+    assert server.manager.available_versions(MODEL) == [1, 2]
+
+    # Pointing a label at the broken version keeps the previous labels rather than breaking the label.
+    repository.set_label(MODEL, "canary", 5)
+    server.reload()
+    assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
+    with RestClient(server.rest_url) as client:
+        assert version_answering(client.predict(ROW, MODEL)[0]) == 2
+        assert version_answering(client.predict(ROW, MODEL, label="canary")[0]) == 2
+        assert version_answering(client.predict(ROW, MODEL, label="stable")[0]) == 1
+
+
+def test_a_broken_config_file_keeps_the_current_config(repository, server):
+    repository.config_path.write_text("model_config_list { config { name: ")
+    time.sleep(0.5)  # several poll intervals
+    assert server.manager.available_versions(MODEL) == [1, 2]
+    assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
+    with GrpcClient(server.grpc_target) as client:
+        assert version_answering(client.predict(ROW, MODEL, label="stable")[0]) == 1
+
+
+def test_single_model_mode_follows_the_latest_version_folder(tmp_path, tiny_exports):
+    model_dir = tmp_path / MODEL
+    copy_export(tiny_exports[1], model_dir / "1")
+    server = ModelServer.for_model(MODEL, model_dir, rest_port=0, grpc_port=0, poll_seconds=0.1)
+    server.start()
+    try:
+        with GrpcClient(server.grpc_target) as client:
+            assert version_answering(client.predict(ROW, MODEL)[0]) == 1
+            # Staged under a hidden name, then renamed, as a pusher does: the server never sees half a model.
+            copy_export(tiny_exports[2], model_dir / ".incoming")
+            (model_dir / ".incoming").rename(model_dir / "2")
+            wait_for(lambda: server.manager.available_versions(MODEL) == [2], what="version 2 to replace 1")
+            assert version_answering(client.predict(ROW, MODEL)[0]) == 2
+    finally:
+        server.stop()

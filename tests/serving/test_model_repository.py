@@ -1,0 +1,109 @@
+"""ModelRepository: TF Serving's folder layout, immutable versions published atomically, models.config as protos."""
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.model_repository import ModelRepository, RepositoryError, read_model_server_config, validate_model_name
+from tests.serving.conftest import MODEL
+
+
+def test_versions_live_at_base_model_version(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models")
+    assert repo.add_version(MODEL, tiny_exports[1]) == 1
+    assert repo.add_version(MODEL, tiny_exports[2]) == 2
+    assert repo.add_version(MODEL, tiny_exports[3], version=10) == 10
+    assert repo.versions(MODEL) == [1, 2, 10]
+    assert repo.latest_version(MODEL) == 10
+    assert (tmp_path / "models" / MODEL / "10" / "saved_model.pb").is_file()
+    assert repo.models() == [MODEL]
+
+
+def test_versions_are_immutable(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_version(MODEL, tiny_exports[1], version=1)
+    with pytest.raises(RepositoryError, match="already exists"):
+        repo.add_version(MODEL, tiny_exports[2], version=1)
+    assert (repo.version_dir(MODEL, 1) / "saved_model.pb").read_bytes() == (
+        tiny_exports[1] / "saved_model.pb"
+    ).read_bytes()
+
+
+def test_a_version_appears_only_when_complete(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models")
+    with repo.staged_version(MODEL) as staged:
+        assert staged.version == 1
+        (staged.path / "saved_model.pb").write_bytes((tiny_exports[1] / "saved_model.pb").read_bytes())
+        # While being written the folder has a hidden name no server treats as a version.
+        assert repo.versions(MODEL) == []
+        assert staged.path.name.startswith(".")
+    assert repo.versions(MODEL) == [1]
+
+    with pytest.raises(RuntimeError, match="export failed"), repo.staged_version(MODEL) as staged:
+        (staged.path / "partial").write_text("half a model")
+        raise RuntimeError("export failed")
+    assert repo.versions(MODEL) == [1]
+    assert sorted(p.name for p in repo.model_dir(MODEL).iterdir()) == ["1"]
+
+    with pytest.raises(RepositoryError, match="no saved_model.pb"), repo.staged_version(MODEL):
+        pass
+    assert repo.versions(MODEL) == [1]
+
+
+def test_models_config_is_a_text_format_model_server_config(repository):
+    config = read_model_server_config(repository.config_path)
+    expected = model_server_config_pb2.ModelServerConfig()
+    text_format.Parse(
+        f"""
+        model_config_list {{
+          config {{
+            name: "{MODEL}"
+            base_path: "{repository.base_dir}/{MODEL}"
+            model_platform: "tensorflow"
+            model_version_policy {{ specific {{ versions: 1 versions: 2 }} }}
+            version_labels {{ key: "canary" value: 2 }}
+            version_labels {{ key: "stable" value: 1 }}
+          }}
+        }}
+        """,
+        expected,
+    )
+    assert config == expected
+    assert repository.served_versions(MODEL) == [1, 2]
+    assert repository.labels(MODEL) == {"stable": 1, "canary": 2}
+
+
+def test_labels_move_and_must_point_at_served_versions(repository):
+    repository.set_label(MODEL, "stable", 2)
+    assert repository.labels(MODEL) == {"stable": 2, "canary": 2}
+    with pytest.raises(RepositoryError, match="not served"):
+        repository.set_label(MODEL, "canary", 7)
+    with pytest.raises(RepositoryError, match="no version"):
+        repository.serve(MODEL, [1, 7])
+    with pytest.raises(RepositoryError, match="label"):
+        repository.set_label(MODEL, "bad label", 1)
+    assert repository.labels(MODEL) == {"stable": 2, "canary": 2}
+
+
+def test_served_base_dir_names_the_path_the_server_sees(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models", served_base_dir="/models")
+    repo.add_version(MODEL, tiny_exports[1])
+    repo.serve(MODEL, [1])
+    assert repo.read_config().model_config_list.config[0].base_path == f"/models/{MODEL}"
+    repo.remove_model(MODEL)
+    assert len(repo.read_config().model_config_list.config) == 0
+
+
+@pytest.mark.parametrize("name", ["..", "../etc", "a/b", "a..b", "", "/abs", ".hidden", "with space"])
+def test_unsafe_model_names_are_refused(tmp_path, name):
+    with pytest.raises(RepositoryError, match="invalid"):
+        validate_model_name(name)
+    with pytest.raises(RepositoryError):
+        ModelRepository(tmp_path).model_dir(name)
+
+
+def test_add_version_refuses_a_folder_that_is_not_a_saved_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RepositoryError, match="not a SavedModel"):
+        ModelRepository(tmp_path / "models").add_version(MODEL, tmp_path / "empty")

@@ -39,7 +39,7 @@ lock: | $(UV)
 	  --python-platform x86_64-manylinux_2_36 -o requirements.lock
 
 demo: setup
-	$(VENV)/bin/mlops run --config $(CONFIG)
+	$(VENV)/bin/mlops run --config $(CONFIG) --serve-after
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

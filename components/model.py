@@ -215,6 +215,7 @@ def run_fn(fn_args: FnArgs) -> None:
     layout = FeatureLayout(fn_args.custom_config)
     training = apply_hyperparameters(fn_args.custom_config["training"], fn_args.hyperparameters)
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
+    tf.keras.utils.set_random_seed(training["seed"])
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     global_batch = training["batch_size"] * strategy.num_replicas_in_sync

@@ -19,11 +19,18 @@ def _dense_and_present(x: tf.Tensor | tf.SparseTensor, default: Any) -> tuple[tf
         )
         return tf.squeeze(dense, axis=1), tf.squeeze(present, axis=1)
     dense = tf.reshape(x, [-1])
+    if dense.dtype.is_floating:
+        # A serving request marks a missing float with NaN, also for features the CSV always fills.
+        present = tf.logical_not(tf.math.is_nan(dense))
+        return tf.where(present, dense, tf.cast(default, dense.dtype)), present
     return dense, tf.ones_like(dense, dtype=tf.bool)
 
 
 def _present_values(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor:
-    return x.values if isinstance(x, tf.SparseTensor) else tf.reshape(x, [-1])
+    if isinstance(x, tf.SparseTensor):
+        return x.values
+    values = tf.reshape(x, [-1])
+    return tf.boolean_mask(values, tf.logical_not(tf.math.is_nan(values))) if values.dtype.is_floating else values
 
 
 def _as_float(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor | tf.SparseTensor:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import keras_tuner
+import tensorflow as tf
 import tensorflow_transform as tft
 from tfx.components.trainer.fn_args_utils import FnArgs
 from tfx.components.tuner.component import TunerFnResult
@@ -14,7 +15,7 @@ def search_space() -> keras_tuner.HyperParameters:
     hp = keras_tuner.HyperParameters()
     hp.Choice("units", [16, 32, 64, 128], default=64)
     hp.Int("depth", 1, 3, default=2)
-    hp.Float("learning_rate", 1e-4, 1e-2, sampling="log", default=1e-3)
+    hp.Float("learning_rate", 5e-4, 2e-2, sampling="log", default=2e-3)
     return hp
 
 
@@ -27,6 +28,8 @@ def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
     numeric = [transformed_name(k) for k in layout.numeric]
     cardinalities = categorical_cardinalities(layout, tft_output)
 
+    tf.keras.utils.set_random_seed(training["seed"])
+
     def build(hp: keras_tuner.HyperParameters):
         return build_model(numeric, cardinalities, apply_hyperparameters(training, hp.get_config()))
 
@@ -38,6 +41,7 @@ def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
         directory=fn_args.working_dir,
         project_name="search",
         overwrite=True,
+        seed=training["seed"],
     )
     if settings["algorithm"] == "bayesian":
         tuner = keras_tuner.BayesianOptimization(**common)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import warnings
@@ -25,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     try:
-        run_local(config)
+        summary = run_local(config)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -35,6 +36,15 @@ def _run(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.serve_after:
+        if not summary.pushed_path:
+            print("nothing was pushed (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
+            return 1
+        from pipeline.runner import first_eval_row
+        from serving.demo import serve_and_predict
+
+        print("\nserving the pushed model locally (TF Serving's REST and gRPC APIs)")
+        serve_and_predict(os.path.dirname(config.serving_dir), config.model_name, first_eval_row(config))
     return 0
 
 
@@ -43,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the whole pipeline locally (LocalDagRunner on Beam)")
     _add_config_args(run)
+    run.add_argument("--serve-after", action="store_true",
+                     help="then serve the pushed model and print one REST and one gRPC prediction for an eval row")
     run.set_defaults(handler=_run)
     serving_cli.register(commands)
     return parser
@@ -56,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     args = build_parser().parse_args(argv)
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        # Collect TensorFlow's function objects while modules still exist, not at interpreter shutdown.
+        gc.collect()
+        return code
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -72,6 +72,8 @@ class TrainingConfig:
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     class_weights: bool = True
     early_stopping_patience: int = 3
+    # Seeds Python, NumPy and TensorFlow (and the Tuner's search) so that reruns are comparable.
+    seed: int = 42
 
 
 @dataclass

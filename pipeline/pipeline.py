@@ -85,6 +85,9 @@ def beam_args(config: PipelineConfig) -> list[str]:
     return [
         f"--direct_running_mode={config.beam.direct_running_mode}",
         f"--direct_num_workers={config.beam.direct_num_workers}",
+        # Names this project as the code Beam workers need. Without a dependency flag TFX builds an sdist
+        # of itself before every Beam stage (seconds each), which the local DirectRunner never reads.
+        f"--setup_file={Path(__file__).resolve().parent.parent / 'setup.py'}",
     ]
 
 

@@ -111,3 +111,24 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
     print(f"  blessed       {summary.blessed}", file=out)
     print(f"  pushed        {summary.pushed_path or 'nothing (not blessed)'}", file=out)
     print(f"  report        {html_path}", file=out, flush=True)
+
+
+def first_eval_row(config: PipelineConfig) -> dict[str, object]:
+    """The first row of the newest eval split as {column: value}, '' where the CSV cell was empty."""
+    import glob
+
+    import tensorflow as tf
+
+    splits = sorted(glob.glob(os.path.join(config.pipeline_root, "CsvExampleGen", "examples", "*", "Split-eval")),
+                    key=lambda p: int(p.split(os.sep)[-2]))
+    if not splits:
+        raise PipelineError(f"no eval split under {config.pipeline_root}; run the pipeline first.")
+    files = sorted(glob.glob(os.path.join(splits[-1], "*.gz")))
+    record = next(iter(tf.data.TFRecordDataset(files[:1], compression_type="GZIP")))
+    example = tf.train.Example.FromString(record.numpy())
+    row: dict[str, object] = {}
+    for name, feature in example.features.feature.items():
+        values = getattr(feature, feature.WhichOneof("kind") or "bytes_list").value
+        value = values[0] if values else ""
+        row[name] = value.decode() if isinstance(value, bytes) else value
+    return row

@@ -18,18 +18,23 @@ def taxi_slice(tmp_path_factory) -> Path:
     return folder
 
 
-def small_config(data_dir: Path, output_root: Path, *overrides: str) -> PipelineConfig:
-    """The default taxi config with few training steps and Beam in-process, for tests."""
-    return load_config(
-        None,
-        [
-            f"data.path={data_dir}",
-            f"output_root={output_root}",
-            "training.train_steps=120",
-            "training.steps_per_epoch=40",
-            "training.eval_steps=10",
-            "training.batch_size=64",
-            "beam.direct_running_mode=in_memory",
-            *overrides,
-        ],
-    )
+def small_overrides(data_dir: Path, output_root: Path, *extra: str) -> list[str]:
+    """`--set` values for the default taxi config with few training steps and Beam in-process, for tests."""
+    return [
+        f"data.path={data_dir}",
+        f"output_root={output_root}",
+        "training.train_steps=120",
+        "training.steps_per_epoch=40",
+        "training.eval_steps=10",
+        "training.batch_size=64",
+        "beam.direct_running_mode=in_memory",
+        *extra,
+    ]
+
+
+def small_config(data_dir: Path, output_root: Path, *extra: str) -> PipelineConfig:
+    return load_config(None, small_overrides(data_dir, output_root, *extra))
+
+
+def as_cli_flags(overrides: list[str]) -> list[str]:
+    return [flag for override in overrides for flag in ("--set", override)]

@@ -14,17 +14,19 @@ import tensorflow as tf
 from components.model import apply_hyperparameters
 from pipeline import cli
 from pipeline.runner import run_local
-from tests.conftest import small_config
+from tests.conftest import as_cli_flags, small_config, small_overrides
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
              "Transform", "Tuner", "Trainer", "Evaluator", "Pusher"]
 
 
+# The Tuner is on in these runs so that its hand-over to the Trainer is covered too.
+TUNER = ["tuner.enabled=true", "tuner.max_trials=2", "tuner.train_steps=10", "tuner.eval_steps=5"]
+
+
 @pytest.fixture(scope="module")
 def first_and_second_run(taxi_slice, tmp_path_factory):
-    # The Tuner is on here so that its hand-over to the Trainer is covered too.
-    tuner = ["tuner.enabled=true", "tuner.max_trials=2", "tuner.train_steps=10", "tuner.eval_steps=5"]
-    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"), *tuner)
+    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"), *TUNER)
     first = run_local(config)
     second = run_local(config)
     return config, first, second
@@ -71,6 +73,9 @@ def test_pushed_model_answers_a_raw_feature_request(first_and_second_run, taxi_s
     assert probabilities.shape == (32,)
     assert np.all((probabilities >= 0) & (probabilities <= 1))
     assert len(set(np.round(probabilities, 4))) > 1
+    everything_missing = raw_request([{name: "" for name in inputs}], {k: v.dtype for k, v in inputs.items()})
+    [probability] = serve(**everything_missing)["probabilities"].numpy()
+    assert 0 <= probability <= 1, "missing values are filled by the Transform graph, also for required features"
 
 
 def test_trainer_uses_the_tuners_best_hyperparameters(first_and_second_run):
@@ -88,6 +93,19 @@ def test_second_run_is_served_from_the_cache(first_and_second_run):
     assert sorted(second.cached_stages) == sorted(CACHEABLE)
     assert second.pushed_path == first.pushed_path
     assert len(os.listdir(config.serving_dir)) == 1
+
+
+def test_run_then_serve_prints_rest_and_grpc_predictions(first_and_second_run, capsys):
+    config, _, _ = first_and_second_run
+    flags = as_cli_flags(small_overrides(Path(config.data.path), Path(config.output_root), *TUNER))
+    assert cli.main(["run", "--serve-after", *flags]) == 0
+    out = capsys.readouterr().out
+    rest = [line for line in out.splitlines() if line.startswith("REST prediction: ")]
+    grpc = [line for line in out.splitlines() if line.startswith("gRPC prediction: ")]
+    assert len(rest) == 1 and len(grpc) == 1
+    assert 0 <= float(rest[0].split(": ")[1]) <= 1
+    assert rest[0].split(": ")[1] == grpc[0].split(": ")[1]
+    assert "server stopped" in out
 
 
 def corrupt(source: Path, target: Path) -> None:
@@ -112,8 +130,7 @@ def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
     corrupt(taxi_slice, tmp_path / "bad")
     output_root = tmp_path / "outputs"
     config = small_config(tmp_path / "bad", output_root)
-    code = cli.main(["run", "--set", f"data.path={tmp_path / 'bad'}", "--set", f"output_root={output_root}",
-                     "--set", "beam.direct_running_mode=in_memory"])
+    code = cli.main(["run", *as_cli_flags(small_overrides(tmp_path / "bad", output_root))])
     err = capsys.readouterr().err
     assert code == 3
     assert "data-validation gate" in err

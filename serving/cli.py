@@ -67,14 +67,26 @@ def serve_command(args: argparse.Namespace) -> int:
         return _usage_error("--max-batch-size must be at least 1")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from serving.model_manager import ConfigError
-    from serving.model_repository import RepositoryError, validate_model_name
-    from serving.server import ModelServer
-
     options = dict(
         host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port, poll_seconds=args.poll_seconds,
         max_batch_size=args.max_batch_size, grpc_workers=args.grpc_workers,
     )
+    # The handler is in place before the ports open (and so before the ready line): a SIGTERM from then on stops
+    # the server cleanly instead of killing the process.
+    stopped = threading.Event()
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        return _run_server(args, options, stopped)
+    finally:
+        if previous_handler is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event) -> int:
+    from serving.model_manager import ConfigError
+    from serving.model_repository import RepositoryError, validate_model_name
+    from serving.server import ModelServer
+
     try:
         if args.model_config:
             if not Path(args.model_config).is_file():
@@ -90,12 +102,10 @@ def serve_command(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"error: cannot open the server ports: {e}", file=sys.stderr)
         return 1
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)", flush=True)
-    stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)", flush=True)
         while not stopped.wait(0.5):
             pass
     except KeyboardInterrupt:
@@ -120,8 +130,17 @@ def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"CSV file {path} does not exist.")
+    rows = []
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        for row in reader:
+            if None in row:  # DictReader files the fields beyond the header under None
+                raise ValueError(
+                    f"CSV file {path} line {reader.line_num} has {len(reader.fieldnames) + len(row[None])} fields "
+                    f"but the header names {len(reader.fieldnames)}; fix that row or the header."
+                )
+            rows.append(row)
+    return rows
 
 
 def predict_command(args: argparse.Namespace) -> int:

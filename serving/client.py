@@ -267,11 +267,27 @@ class ServingClient(ABC):
         rows = [rows] if isinstance(rows, Mapping) else list(rows)
         if not rows:
             return []
-        signature = self._signature(model, version, label, signature_name, timeout)
-        columns = rows_to_columns(rows, signature.inputs, drop_unknown_features)
-        outputs = self._retrying(
-            lambda: self._predict(model, version, label, signature_name, columns, signature, timeout)
-        )
+        key = (model, version, label)
+        with self._cache_lock:
+            was_cached = key in self._metadata_cache
+
+        def attempt() -> dict[str, np.ndarray]:
+            signature = self._signature(model, version, label, signature_name, timeout)
+            columns = rows_to_columns(rows, signature.inputs, drop_unknown_features)
+            return self._retrying(
+                lambda: self._predict(model, version, label, signature_name, columns, signature, timeout)
+            )
+
+        try:
+            outputs = attempt()
+        except InvalidInputError:
+            if version is not None or not was_cached:
+                raise
+            # A rollout may have moved the label (or the latest version) to a version with another signature
+            # since it was cached: ask again once.
+            with self._cache_lock:
+                self._metadata_cache.pop(key, None)
+            outputs = attempt()
         if output_name in outputs:
             values = outputs[output_name]
         elif len(outputs) == 1:

@@ -27,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 # TF Serving accepts requests up to 2 GiB; a bounded size keeps one client from exhausting memory here.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# A TensorProto's shape is checked before any array is built: one string_val can declare billions of elements.
+# Elements per example when the signature leaves a non-batch dimension (or the rank) open.
+MAX_ELEMENTS_PER_EXAMPLE = 1 << 20
+# Never more elements in one input tensor than this, whatever the batch size and signature allow.
+MAX_TENSOR_ELEMENTS = MAX_MESSAGE_BYTES // 4
 
 
 def _spec_choice(spec: model_pb2.ModelSpec) -> tuple[int | None, str | None]:
@@ -36,6 +41,41 @@ def _spec_choice(spec: model_pb2.ModelSpec) -> tuple[int | None, str | None]:
     if choice == "version_label":
         return None, spec.version_label
     return None, None
+
+
+def max_input_elements(info, max_batch_size: int) -> int:
+    """The most elements a valid input for `info` can hold: a full batch of examples of the signature's shape."""
+    dims = None if info.tensor_shape.unknown_rank else [d.size for d in info.tensor_shape.dim]
+    if not dims:
+        per_example = 1 if dims == [] else MAX_ELEMENTS_PER_EXAMPLE
+    elif any(d < 0 for d in dims[1:]):
+        per_example = MAX_ELEMENTS_PER_EXAMPLE
+    else:
+        per_example = 1
+        for d in dims[1:]:
+            per_example *= d
+    return min(max(max_batch_size, 1) * max(per_example, 1), MAX_TENSOR_ELEMENTS)
+
+
+def check_tensor_proto_shape(name: str, tensor, info, max_batch_size: int) -> None:
+    """Refuses a TensorProto whose declared shape is negative or too large, before any memory is allocated."""
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    if any(d < 0 for d in dims):
+        raise invalid_argument(f"Input {name} has shape {dims} with a negative dimension; give every size.")
+    if dims and dims[0] > max_batch_size:
+        raise invalid_argument(
+            f"Batch size {dims[0]} of input {name} is larger than the maximum batch size {max_batch_size}; "
+            "split the request into smaller ones."
+        )
+    elements = 1
+    for d in dims:
+        elements *= d
+    limit = max_input_elements(info, max_batch_size)
+    if elements > limit:
+        raise invalid_argument(
+            f"Input {name} has shape {dims} ({elements} elements), more than the {limit} the signature allows "
+            f"for a batch of {max_batch_size}; send fewer or smaller examples."
+        )
 
 
 def _abort_on_error(method):
@@ -72,10 +112,16 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         arrays = {}
         for name, tensor in request.inputs.items():
             info = signature.inputs.get(name)
-            if info is not None and tensor.dtype != info.dtype:
+            if info is None:
+                raise invalid_argument(
+                    f"input tensor alias not found in signature: {name}. "
+                    f"Inputs expected to be in the set {{{','.join(sorted(signature.inputs))}}}."
+                )
+            if tensor.dtype != info.dtype:
                 expected = dtype_label(info.dtype)
                 given = dtype_label(tensor.dtype) if tensor.dtype else "an unset dtype"
                 raise invalid_argument(f"Expects arg[{name}] to be {expected} but {given} is provided")
+            check_tensor_proto_shape(name, tensor, info, self.max_batch_size)
             try:
                 arrays[name] = tf.make_ndarray(tensor)
             except (ValueError, TypeError) as e:
@@ -147,8 +193,10 @@ class GrpcServer:
     """PredictionService and ModelService on host:port (port 0 picks a free one), served by a thread pool."""
 
     def __init__(self, manager: ModelManager, host: str, port: int, max_batch_size: int, workers: int) -> None:
+        # grpc.server's stop() leaves the executor it was given running: stop() shuts it down.
+        self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server"),
+            self._executor,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -162,8 +210,10 @@ class GrpcServer:
         try:
             self.port = self._server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as e:
+            self._executor.shutdown(wait=False)
             raise OSError(f"Could not bind gRPC to {host}:{port}; is the port in use? ({e})") from e
         if self.port == 0:
+            self._executor.shutdown(wait=False)
             raise OSError(f"Could not bind gRPC to {host}:{port}; is the port in use?")
 
     def start(self) -> None:
@@ -171,3 +221,4 @@ class GrpcServer:
 
     def stop(self, grace_s: float = 1.0) -> None:
         self._server.stop(grace_s).wait()
+        self._executor.shutdown(wait=False)

@@ -107,18 +107,18 @@ class ModelManager:
         self._models: Mapping[str, ModelSnapshot] = {}
         self._states: Mapping[str, Mapping[int, VersionState]] = {}
         self._failed_loads: dict[tuple[str, int], tuple] = {}
-
-    @property
-    def config(self) -> model_server_config_pb2.ModelServerConfig:
-        copy = model_server_config_pb2.ModelServerConfig()
-        copy.CopyFrom(self._config)
-        return copy
+        # Problems already logged: a problem that persists is returned by every sync but warned about once.
+        self._reported_problems: frozenset[str] = frozenset()
 
     def apply_config(self, config: model_server_config_pb2.ModelServerConfig) -> list[str]:
         """Makes the loaded versions and labels match `config`; returns the problems met (empty when all applied).
 
-        Raises ConfigError, changing nothing, when the config itself is unusable.
+        Raises ConfigError, changing nothing, when the config itself is unusable. An empty config (no
+        model_config_list at all, e.g. a file caught mid-write) changes nothing either, as in TF Serving.
         """
+        if config.WhichOneof("config") is None:
+            logger.info("Taking no action for empty config")
+            return []
         validate_config(config)
         with self._reload_lock:
             new_config = model_server_config_pb2.ModelServerConfig()
@@ -205,7 +205,9 @@ class ModelManager:
                 logger.info("unloaded model %s (no longer in the config)", name)
         self._models = models
         for problem in problems:
-            logger.warning("%s", problem)
+            if problem not in self._reported_problems:
+                logger.warning("%s", problem)
+        self._reported_problems = frozenset(problems)
         return problems
 
     def _sync_model(self, model_config: model_server_config_pb2.ModelConfig, problems: list[str]) -> ModelSnapshot:
@@ -235,17 +237,27 @@ class ModelManager:
                 f"still serving versions {sorted(retained)}."
             )
 
-        labels = dict(model_config.version_labels)
-        unavailable = {label: v for label, v in labels.items() if v not in retained}
+        # Each label on its own: a label pointing at an unavailable version keeps its previous version (or is
+        # left out when it had none); the other labels move as configured.
+        labels: dict[str, int] = {}
+        unavailable: dict[str, int] = {}
+        kept: dict[str, int] = {}
+        for label, version in sorted(model_config.version_labels.items()):
+            if version in retained:
+                labels[label] = version
+                continue
+            unavailable[label] = version
+            previous = old.labels.get(label)
+            if previous is not None and previous in old.versions:
+                labels[label] = kept[label] = previous
+                retained.setdefault(previous, old.versions[previous])
         if unavailable:
+            dropped = sorted(set(unavailable) - set(kept))
             problems.append(
                 f"Model {name}: labels {unavailable} point at versions that are not available; "
-                f"keeping the previous labels {dict(old.labels)}."
+                f"keeping their previous versions {kept}"
+                + (f" and leaving {dropped} unset." if dropped else ".")
             )
-            labels = {label: v for label, v in old.labels.items() if v in retained or v in old.versions}
-            for version in labels.values():
-                if version not in retained:
-                    retained[version] = old.versions[version]
 
         for version in old.versions:
             if version not in retained:

@@ -206,6 +206,17 @@ class ModelRepository:
 
         Every version must exist on disk and every label must point at one of `versions`.
         """
+        with self._lock():
+            return self._serve_locked(self.read_config(), model_name, versions, labels)
+
+    def _serve_locked(
+        self,
+        config: model_server_config_pb2.ModelServerConfig,
+        model_name: str,
+        versions: Iterable[int],
+        labels: Mapping[str, int] | None,
+    ) -> model_server_config_pb2.ModelServerConfig:
+        # The caller holds self._lock() and read `config` under it; this writes the changed config back.
         versions = sorted({_check_version(v) for v in versions})
         if not versions:
             raise RepositoryError(f"Give at least one version to serve for {model_name!r}.")
@@ -223,17 +234,15 @@ class ModelRepository:
                     f"Label {label!r} points at version {version} of {model_name!r}, which is not served; "
                     f"serve it too (served: {versions})."
                 )
-        with self._lock():
-            config = self.read_config()
-            model_config = _find_or_add_model(config, model_name)
-            model_config.base_path = f"{self.served_base_dir}/{model_name}"
-            model_config.model_platform = "tensorflow"
-            model_config.model_version_policy.Clear()
-            model_config.model_version_policy.specific.versions.extend(versions)
-            model_config.version_labels.clear()
-            for label, version in sorted(labels.items()):
-                model_config.version_labels[label] = version
-            write_model_server_config(config, self.config_path)
+        model_config = _find_or_add_model(config, model_name)
+        model_config.base_path = f"{self.served_base_dir}/{model_name}"
+        model_config.model_platform = "tensorflow"
+        model_config.model_version_policy.Clear()
+        model_config.model_version_policy.specific.versions.extend(versions)
+        model_config.version_labels.clear()
+        for label, version in sorted(labels.items()):
+            model_config.version_labels[label] = version
+        write_model_server_config(config, self.config_path)
         return config
 
     def served_versions(self, model_name: str) -> list[int]:
@@ -249,9 +258,16 @@ class ModelRepository:
 
     def set_label(self, model_name: str, label: str, version: int) -> model_server_config_pb2.ModelServerConfig:
         """Points `label` at `version`, which must already be served."""
-        labels = self.labels(model_name)
-        labels[validate_label(label)] = _check_version(version)
-        return self.serve(model_name, self.served_versions(model_name), labels)
+        label = validate_label(label)
+        version = _check_version(version)
+        with self._lock():
+            # Read, change and write under one lock, so a concurrent writer's change is not lost.
+            config = self.read_config()
+            model_config = _find_model(config, model_name)
+            labels = dict(model_config.version_labels) if model_config is not None else {}
+            served = sorted(model_config.model_version_policy.specific.versions) if model_config is not None else []
+            labels[label] = version
+            return self._serve_locked(config, model_name, served, labels)
 
     def remove_model(self, model_name: str) -> model_server_config_pb2.ModelServerConfig:
         """Drops `model_name` from the config (its folders stay on disk)."""

@@ -92,7 +92,10 @@ class _LeafType:
                 return value
         elif kind == "float":
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
+                try:
+                    return float(value)
+                except OverflowError as e:
+                    raise ValueError(f"JSON Value: {value} is out of range for {self.label}") from e
         elif kind == "int":
             if isinstance(value, int) and not isinstance(value, bool):
                 if not self.bounds[0] <= value <= self.bounds[1]:
@@ -113,7 +116,10 @@ class _LeafType:
         if self.kind == "string" and types == {str}:
             return np.array([v.encode("utf-8") for v in values], dtype=object)
         if self.kind == "float" and types <= {int, float}:
-            return np.array(values, dtype=self.numpy_dtype)
+            try:
+                return np.array(values, dtype=self.numpy_dtype)
+            except OverflowError:
+                return None  # an integer too large for a float: the value-by-value path says which one
         if self.kind == "int" and types == {int} and self.bounds[0] <= min(values) and max(values) <= self.bounds[1]:
             return np.array(values, dtype=self.numpy_dtype)
         if self.kind == "bool" and types == {bool}:
@@ -181,7 +187,7 @@ def instances_to_arrays(instances: Any, inputs: dict[str, meta_graph_pb2.TensorI
     for name in names:
         try:
             arrays[name] = json_to_array(columns[name], inputs[name])
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             index = _first_bad_element(columns[name], inputs[name])
             raise invalid_argument(
                 f"Failed to process element: {index} key: {name} of 'instances' list. Error: {e}"
@@ -194,7 +200,7 @@ def _first_bad_element(values: list, info: meta_graph_pb2.TensorInfo) -> int | s
     for index, value in enumerate(values):
         try:
             json_to_array(value, info)
-        except ValueError:
+        except (ValueError, OverflowError):
             return index
     return "?"
 
@@ -219,7 +225,7 @@ def inputs_to_arrays(value: Any, inputs: dict[str, meta_graph_pb2.TensorInfo]) -
             raise invalid_argument(f"Missing named input: {name} in 'inputs' object.")
         try:
             arrays[name] = json_to_array(value[name], inputs[name])
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             raise invalid_argument(f"Failed to process key: {name} of 'inputs' object. Error: {e}") from e
     return arrays
 
@@ -263,7 +269,10 @@ def outputs_to_json(outputs: dict[str, np.ndarray], row_format: bool) -> dict[st
 def _parse_version(text: str | None) -> int | None:
     if not text:
         return None
-    version = int(text)
+    try:
+        version = int(text)
+    except ValueError:  # e.g. more digits than int() converts (sys.get_int_max_str_digits)
+        version = INT64_MAX + 1
     if version > INT64_MAX:
         raise invalid_argument(f"Failed to convert version: {text} to numeric.")
     return version
@@ -334,7 +343,8 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     try:
         # NaN and Infinity are accepted, as TF Serving's parser does (kParseNanAndInfFlag).
         document = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, UnicodeDecodeError, and an integer of more digits than int() converts.
         raise invalid_argument(f"JSON Parse error: {e}") from e
     if not isinstance(document, dict):
         raise invalid_argument(f"JSON Value: {json_type_name(document)} Is not object; send a JSON object.")
@@ -366,7 +376,13 @@ class _RestHandler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if length < 0:
+        if self.headers.get("Transfer-Encoding") is not None:
+            # The body is not read, so the connection cannot carry another request.
+            self.close_connection = True
+            status, payload = 411, {
+                "error": "Transfer-Encoding is not supported; send the body with a Content-Length header."
+            }
+        elif length < 0:
             self.close_connection = True
             status, payload = 400, {"error": "Content-Length is not a non-negative integer; send a valid length."}
         elif length > server.max_body_bytes:
@@ -385,6 +401,8 @@ class _RestHandler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 

@@ -53,6 +53,9 @@ class ModelServer:
         self._rest: RestServer | None = None
         self._grpc: GrpcServer | None = None
         self._last_config_text: str | None = None
+        self._config_file_problems: list[str] = []  # why the current file text is not in force (empty: it is)
+        # Read, compare and apply as one step: a poll and a reload() must not apply an older text after a newer one.
+        self._config_file_lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -129,28 +132,39 @@ class ModelServer:
         self.stop()
 
     def _reload_config_file(self, force: bool) -> list[str]:
+        with self._config_file_lock:
+            return self._reload_config_file_locked(force)
+
+    def _reload_config_file_locked(self, force: bool) -> list[str]:
         text = self.config_path.read_text() if self.config_path.exists() else None
         if text is None:
             if force:
                 raise ConfigError(f"Model config file {self.config_path} does not exist; write it first.")
             return [f"Model config file {self.config_path} disappeared; keeping the current config."]
         if not force and text == self._last_config_text:
-            return self.manager.refresh()
-        self._last_config_text = text
+            # Unchanged: its problems were logged when it was read; still report them.
+            return [*self._config_file_problems, *self.manager.refresh()]
         try:
             config = parse_model_server_config(text, str(self.config_path))
         except RepositoryError as e:
             if force:
                 raise ConfigError(str(e)) from e
-            logger.error("%s; keeping the current config", e)
-            return [str(e)]
+            return self._keep_current_config(text, str(e))
         try:
-            return self.manager.apply_config(config)
+            problems = self.manager.apply_config(config)
         except ConfigError as e:
             if force:
                 raise
-            logger.error("%s; keeping the current config", e)
-            return [str(e)]
+            return self._keep_current_config(text, str(e))
+        self._last_config_text = text
+        self._config_file_problems = []
+        return problems
+
+    def _keep_current_config(self, text: str, problem: str) -> list[str]:
+        logger.error("%s; keeping the current config", problem)
+        self._last_config_text = text
+        self._config_file_problems = [f"{problem}; keeping the current config."]
+        return [*self._config_file_problems, *self.manager.refresh()]
 
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,26 +57,70 @@ def test_serve_refuses_incomplete_arguments(tmp_path, capsys):
     assert "is invalid" in capsys.readouterr().err
 
 
-def test_mlops_serve_runs_until_sigterm(repository):
+def test_predict_csv_with_more_fields_than_the_header_is_a_usage_error(server, tmp_path, capsys):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("fare,trip_start_hour,payment_type\n2.5,7,Cash\n2.5,7,Cash,extra\n")
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--csv", str(csv_file)) == 2
+    err = capsys.readouterr().err
+    assert "line 3 has 4 fields but the header names 3" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_serve_handles_sigterm_before_the_ports_open(repository, monkeypatch, capsys):
+    from serving.server import ModelServer
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen_at_start = []
+
+    def start(self):
+        seen_at_start.append(signal.getsignal(signal.SIGTERM))
+        raise OSError("no ports today")
+
+    monkeypatch.setattr(ModelServer, "start", start)
+    assert mlops("serve", "--model-config", str(repository.config_path), "--rest-port", "0", "--grpc-port", "0") == 1
+    assert "no ports today" in capsys.readouterr().err
+    # A SIGTERM while the server starts (before the ready line) must stop it cleanly, not kill the process.
+    assert seen_at_start and callable(seen_at_start[0]) and seen_at_start[0] is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _readline(stream, timeout_s: float) -> str:
+    """One line from `stream`, or AssertionError after `timeout_s` (a hung child must fail the test, not block it)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        raise AssertionError(f"no line within {timeout_s}s")
+    return lines[0]
+
+
+def test_mlops_serve_runs_until_sigterm(repository, tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--model-config", str(repository.config_path),
-         "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0.2"],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
+    stderr_path = tmp_path / "serve.stderr"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "serve", "--model-config", str(repository.config_path),
+             "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0.2"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )
     try:
-        line = process.stdout.readline()  # blocks until the server is up (or the process dies)
-        assert line.startswith("serving REST on http://127.0.0.1:"), line
-        rest_url = line.split()[3]
-        status, body = http_json("GET", f"{rest_url}/v1/models/{MODEL}/labels/canary")
-        assert status == 200 and body["model_version_status"][0]["version"] == "2"
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        assert "server stopped" in process.stdout.read()
+        try:
+            line = _readline(process.stdout, 120)  # the server is up (or the process died: an empty line)
+            assert line.startswith("serving REST on http://127.0.0.1:"), line
+            rest_url = line.split()[3]
+            status, body = http_json("GET", f"{rest_url}/v1/models/{MODEL}/labels/canary")
+            assert status == 200 and body["model_version_status"][0]["version"] == "2"
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+            assert "server stopped" in _readline(process.stdout, 10)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            raise AssertionError(f"{e}\n--- mlops serve stderr ---\n{stderr_path.read_text()[-4000:]}") from e
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
+        process.stdout.close()
 
 
 def test_serve_and_predict_prints_a_rest_and_a_grpc_prediction(repository, capsys):

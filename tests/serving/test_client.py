@@ -212,3 +212,21 @@ def test_grpc_timeout():
             client.predict(ROW, MODEL, timeout=0.3)
     finally:
         slow.stop(0)
+
+
+def test_a_stale_cached_signature_is_fetched_again_once(client):
+    from dataclasses import replace
+
+    real = client.metadata(MODEL, label="canary")
+    serving_default = real.signatures["serving_default"]
+    # As if a rollout moved the label to a version that takes one more input than the cached signature says.
+    stale_inputs = {name: spec for name, spec in serving_default.inputs.items() if name != "payment_type"}
+    stale = replace(real, signatures={"serving_default": replace(serving_default, inputs=stale_inputs)})
+    client._metadata_cache[(MODEL, None, "canary")] = (time.monotonic(), stale)
+    assert client.predict(ROW, MODEL, label="canary", drop_unknown_features=True) == pytest.approx(
+        [expected_probability(ROW, 2)], abs=1e-6
+    )
+    # A pinned version is not retried: its signature cannot change.
+    client._metadata_cache[(MODEL, 2, None)] = (time.monotonic(), stale)
+    with pytest.raises(InvalidInputError, match="payment_type"):
+        client.predict(ROW, MODEL, version=2, drop_unknown_features=True)

@@ -186,3 +186,66 @@ def test_metadata_and_status_errors(stubs):
         models.GetModelStatus(status_request, timeout=10)
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
     assert "Could not find any versions of model nope" in error.value.details()
+
+
+def _declared_shape_proto(dims: list[int], dtype=tf.string):
+    """A tiny TensorProto that declares `dims` but carries one value: building it as an array would fill them all."""
+    tensor = tf.make_tensor_proto(["Cash"] if dtype == tf.string else [1.0], dtype=dtype)
+    del tensor.tensor_shape.dim[:]
+    for size in dims:
+        tensor.tensor_shape.dim.add().size = size
+    return tensor
+
+
+HUGE_SHAPES = [
+    ("two billion strings", "payment_type", [2_000_000_000], "larger than the maximum batch size"),
+    ("batch within the limit, huge inner dimension", "payment_type", [1, 100_000_000], "elements"),
+    ("negative dimension", "fare", [-1], "negative dimension"),
+    ("unknown input with a huge shape", "tips", [2_000_000_000], "alias not found in signature: tips"),
+]
+
+
+@pytest.mark.parametrize("what,name,dims,message", HUGE_SHAPES, ids=[case[0] for case in HUGE_SHAPES])
+def test_tensor_shape_is_checked_before_any_array_is_built(stubs, monkeypatch, what, name, dims, message):
+    built = []
+    make_ndarray = tf.make_ndarray
+
+    def guarded_make_ndarray(tensor, *args, **kwargs):
+        declared = int(np.prod([d.size for d in tensor.tensor_shape.dim]))
+        built.append(declared)
+        if declared > 1000:
+            raise AssertionError(f"an array of {declared} elements was built")
+        return make_ndarray(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(tf, "make_ndarray", guarded_make_ndarray)
+    prediction, _ = stubs
+    request = predict_request([ROW])
+    dtype = tf.float32 if name == "fare" else tf.string
+    request.inputs[name].CopyFrom(_declared_shape_proto(dims, dtype))
+    with pytest.raises(grpc.RpcError) as error:
+        prediction.Predict(request, timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    assert message in error.value.details()
+    assert all(size <= 1000 for size in built)
+    assert prediction.Predict(predict_request([ROW]), timeout=10).model_spec.version.value == 2
+
+
+def test_an_empty_reload_config_request_changes_nothing(stubs, server):
+    prediction, models = stubs
+    response = models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=30)
+    assert response.status.error_code == 0
+    assert server.manager.available_versions(MODEL) == [1, 2]
+    assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
+    assert prediction.Predict(predict_request([ROW], label="stable"), timeout=10).model_spec.version.value == 1
+
+
+def test_stopping_the_grpc_server_shuts_down_its_thread_pool():
+    from serving.grpc_api import GrpcServer
+    from serving.model_manager import ModelManager
+
+    grpc_server = GrpcServer(ModelManager(), "127.0.0.1", 0, max_batch_size=8, workers=2)
+    grpc_server.start()
+    executor = grpc_server._executor
+    grpc_server.stop(grace_s=0.1)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        executor.submit(print)

@@ -1,10 +1,14 @@
 """Config and folder changes while serving: no request fails, new versions take over, broken ones are reported."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from types import SimpleNamespace
 
 from serving.client import GrpcClient, RestClient
+from serving.model_manager import ModelManager, single_model_config
+from serving.model_repository import ModelRepository, write_model_server_config
 from serving.server import ModelServer
 from tests.serving.conftest import MODEL, ROW, copy_export, http_json, version_answering, wait_for
 
@@ -94,23 +98,124 @@ def test_a_version_that_fails_to_load_is_reported_and_the_others_keep_serving(re
     assert "5" in state["status"]["error_message"]
     assert server.manager.available_versions(MODEL) == [1, 2]
 
-    # Pointing a label at the broken version keeps the previous labels rather than breaking the label.
+    # Pointing a label at the broken version keeps that label's previous version and says so.
     repository.set_label(MODEL, "canary", 5)
-    server.reload()
+    problems = server.reload()
+    assert any("labels {'canary': 5} point at versions that are not available" in p for p in problems), problems
     assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
     with RestClient(server.rest_url) as client:
         assert version_answering(client.predict(ROW, MODEL)[0]) == 2
         assert version_answering(client.predict(ROW, MODEL, label="canary")[0]) == 2
         assert version_answering(client.predict(ROW, MODEL, label="stable")[0]) == 1
 
+    # A valid change applies, and the problem is gone.
+    repository.serve(MODEL, [1, 2], {"stable": 2, "canary": 1})
+    wait_for(lambda: server.manager.labels(MODEL) == {"stable": 2, "canary": 1}, what="the labels to move")
+    assert server.reload() == []
+
+
+def test_labels_fall_back_one_by_one(repository, server):
+    # stable moves to 2 as asked; canary points at a version that is not on disk and keeps its previous version.
+    config = repository.read_config()
+    config.model_config_list.config[0].version_labels["stable"] = 2
+    config.model_config_list.config[0].version_labels["canary"] = 7
+    config.model_config_list.config[0].version_labels["beta"] = 7
+    write_model_server_config(config, repository.config_path)
+    problems = server.reload()
+    assert any("not available" in p and "leaving ['beta'] unset" in p for p in problems), problems
+    assert server.manager.labels(MODEL) == {"stable": 2, "canary": 2}
+    with GrpcClient(server.grpc_target) as client:
+        assert version_answering(client.predict(ROW, MODEL, label="stable")[0]) == 2
+
+
+def test_a_label_problem_is_warned_about_once_not_every_poll(repository, server, caplog):
+    caplog.set_level(logging.WARNING, logger="serving.model_manager")
+    config = repository.read_config()
+    config.model_config_list.config[0].version_labels["canary"] = 7
+    write_model_server_config(config, repository.config_path)
+    for _ in range(5):
+        assert any("not available" in p for p in server.reload())
+    time.sleep(0.5)  # several polls too
+    warnings = [r for r in caplog.records if "not available" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_on_a_fresh_start_valid_labels_serve_although_another_is_invalid(tmp_path, tiny_exports):
+    repository = ModelRepository(tmp_path / "models")
+    repository.add_version(MODEL, tiny_exports[1], version=1)
+    config = repository.serve(MODEL, [1], {"stable": 1})
+    config.model_config_list.config[0].version_labels["canary"] = 2
+    server = ModelServer(config=config, rest_port=None, grpc_port=None, poll_seconds=0)
+    try:
+        problems = server.start()
+        assert any("leaving ['canary'] unset" in p for p in problems), problems
+        assert server.manager.labels(MODEL) == {"stable": 1}
+    finally:
+        server.stop()
+
 
 def test_a_broken_config_file_keeps_the_current_config(repository, server):
+    config = repository.read_config()
     repository.config_path.write_text("model_config_list { config { name: ")
-    time.sleep(0.5)  # several poll intervals
+    problems = server.reload()
+    assert len(problems) == 1 and "is not a valid text-format ModelServerConfig" in problems[0], problems
     assert server.manager.available_versions(MODEL) == [1, 2]
-    assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
     with GrpcClient(server.grpc_target) as client:
         assert version_answering(client.predict(ROW, MODEL, label="stable")[0]) == 1
+
+    # Once the file is valid again, it applies.
+    config.model_config_list.config[0].version_labels["stable"] = 2
+    write_model_server_config(config, repository.config_path)
+    wait_for(lambda: server.manager.labels(MODEL) == {"stable": 2, "canary": 2}, what="the fixed config to apply")
+    assert server.reload() == []
+
+
+def test_an_empty_config_file_changes_nothing(repository, server):
+    # A file caught mid-write (0 bytes) is an empty ModelServerConfig: TF Serving takes no action on it.
+    repository.config_path.write_text("")
+    assert server.reload() == []
+    time.sleep(0.3)  # several polls too
+    assert server.manager.available_versions(MODEL) == [1, 2]
+    assert server.manager.labels(MODEL) == {"stable": 1, "canary": 2}
+
+
+def test_concurrent_reloads_never_leave_an_older_config_in_force(tmp_path):
+    # Versions are stand-ins (no TensorFlow): what matters is which config the manager ends up with.
+    for version in (1, 2, 3):
+        (tmp_path / MODEL / str(version)).mkdir(parents=True)
+    config_path = tmp_path / "models.config"
+    config = single_model_config(MODEL, str(tmp_path / MODEL))
+    config.model_config_list.config[0].model_version_policy.all.SetInParent()
+
+    def write(stable: int) -> None:
+        config.model_config_list.config[0].version_labels["stable"] = stable
+        write_model_server_config(config, config_path)
+
+    write(1)
+    manager = ModelManager(loader=lambda name, version, path: SimpleNamespace(path=path))
+    server = ModelServer(config_path=config_path, rest_port=None, grpc_port=None, poll_seconds=0, manager=manager)
+    server.start()
+    write(2)
+    apply_config = manager.apply_config
+    other_reload: list[threading.Thread] = []
+
+    def slow_apply(new_config):
+        if not other_reload:
+            # While this reload applies the file it read, the file changes again and another reload starts.
+            write(3)
+            other_reload.append(threading.Thread(target=server.reload, daemon=True))
+            other_reload[0].start()
+            other_reload[0].join(timeout=1.0)  # it must wait for this one to finish (a lock), else it wins here
+        return apply_config(new_config)
+
+    manager.apply_config = slow_apply
+    try:
+        server.reload()
+        other_reload[0].join(timeout=10)
+        assert not other_reload[0].is_alive()
+        assert manager.labels(MODEL) == {"stable": 3}
+    finally:
+        server.stop()
 
 
 def test_single_model_mode_follows_the_latest_version_folder(tmp_path, tiny_exports):

@@ -107,3 +107,26 @@ def test_add_version_refuses_a_folder_that_is_not_a_saved_model(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RepositoryError, match="not a SavedModel"):
         ModelRepository(tmp_path / "models").add_version(MODEL, tmp_path / "empty")
+
+
+def test_concurrent_label_changes_are_not_lost(repository, monkeypatch):
+    import threading
+
+    read_config = repository.read_config
+    other_writer: list[threading.Thread] = []
+
+    def read_config_while_another_writer_runs():
+        config = read_config()
+        if not other_writer:
+            # Between this writer's read and its write, a second writer moves another label.
+            other_writer.append(threading.Thread(target=repository.set_label, args=(MODEL, "beta", 1), daemon=True))
+            other_writer[0].start()
+            other_writer[0].join(timeout=1.0)  # blocked on the lock with the fix; finished (and overwritten) without
+        return config
+
+    monkeypatch.setattr(repository, "read_config", read_config_while_another_writer_runs)
+    repository.set_label(MODEL, "stable", 2)
+    other_writer[0].join(timeout=10)
+    assert not other_writer[0].is_alive()
+    monkeypatch.undo()
+    assert repository.labels(MODEL) == {"stable": 2, "canary": 2, "beta": 1}

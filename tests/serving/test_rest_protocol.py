@@ -151,6 +151,17 @@ BAD_REQUESTS = [
     ("predict with GET", "GET", f"/v1/models/{MODEL}:predict", None, 400, "Malformed request"),
     ("classify", "POST", f"/v1/models/{MODEL}:classify", {"examples": [ROW]}, 501, "not implemented"),
     ("outside the API", "GET", "/index.html", None, 404, "Unknown path"),
+    ("integer of more digits than int() converts", "POST", f"/v1/models/{MODEL}:predict",
+     b'{"instances": [{"fare": ' + b"9" * 5000 + b', "trip_start_hour": 7, "payment_type": "Cash"}]}', 400,
+     "JSON Parse error"),
+    ("integer too large for a float (row)", "POST", f"/v1/models/{MODEL}:predict",
+     {"instances": [{**ROW, "fare": 10**400}]}, 400, "out of range for float"),
+    ("integer too large for a float (column)", "POST", f"/v1/models/{MODEL}:predict",
+     {"inputs": {**columns(ROW), "fare": [10**400]}}, 400, "out of range for float"),
+    ("version of more digits than int() converts", "POST", f"/v1/models/{MODEL}/versions/{'9' * 5000}:predict",
+     {"instances": [ROW]}, 400, "Failed to convert version"),
+    ("status of a version of 5000 digits", "GET", f"/v1/models/{MODEL}/versions/{'9' * 5000}", None, 400,
+     "Failed to convert version"),
 ]
 
 
@@ -187,5 +198,29 @@ def test_body_over_the_limit_and_a_bad_content_length_are_refused(server, monkey
         assert response.status == 400
         assert "error" in json.loads(response.read())
         connection.close()
+    status, _ = http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})
+    assert status == 200
+
+
+def test_a_chunked_body_gets_411_and_the_connection_is_closed(server):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as connection:
+        body = json.dumps({"instances": [ROW]}).encode()
+        connection.sendall(
+            f"POST /v1/models/{MODEL}:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        )
+        received = b""
+        while True:  # until the server closes; the socket timeout fails the test if it never does
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 411"), received
+    assert b"Content-Length" in json.loads(payload)["error"].encode()
+    # The chunk bytes were never answered as a second request.
+    assert received.count(b"HTTP/1.1") == 1
     status, _ = http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})
     assert status == 200

@@ -29,22 +29,28 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def run_distributed_training(
-    spec: WorkerSpec, training: dict[str, Any], job_name: str, on_line: LineSink, repo_root: str = REPO_ROOT
+    spec: WorkerSpec,
+    training: dict[str, Any],
+    job_name: str,
+    on_line: LineSink,
+    repo_root: str = REPO_ROOT,
+    tfjob_api: Any = None,
 ) -> str:
     """Runs `spec` on `training['workers']` workers (locally or as a TFJob) and returns where the logs are.
 
-    `training` is the `training` section of the module config; raises WorkerFailedError or TFJobFailedError.
+    `training` is the `training` section of the module config; `tfjob_api` a kubernetes CustomObjectsApi (made
+    from training.tfjob.kubeconfig when None). Raises WorkerFailedError or TFJobFailedError.
     """
     work_dir = workers_dir(spec.model_run_dir)
     try:
-        return _run(spec, training, job_name, on_line, repo_root, work_dir)
+        return _run(spec, training, job_name, on_line, repo_root, work_dir, tfjob_api)
     finally:
         # A worker killed mid-training could not remove its scratch folder; the job is over now.
         shutil.rmtree(os.path.join(work_dir, "scratch"), ignore_errors=True)
 
 
 def _run(spec: WorkerSpec, training: dict[str, Any], job_name: str, on_line: LineSink, repo_root: str,
-         work_dir: str) -> str:
+         work_dir: str, tfjob_api: Any) -> str:
     if training["backend"] == "tfjob":
         from components.distributed.tfjob import KUBEDL_MODEL_MOUNT, build_tfjob, custom_objects_api, run_tfjob
 
@@ -53,8 +59,9 @@ def _run(spec: WorkerSpec, training: dict[str, Any], job_name: str, on_line: Lin
             spec.copy_model_to = KUBEDL_MODEL_MOUNT
         spec_path = spec.save(os.path.join(work_dir, "spec.json"))
         job = build_tfjob(job_name, spec_path, training["workers"], settings)
-        run_tfjob(custom_objects_api(settings["kubeconfig"]), job, settings["poll_seconds"],
-                  settings["active_deadline_seconds"], lambda line: on_line(-1, line))
+        api = tfjob_api if tfjob_api is not None else custom_objects_api(settings["kubeconfig"])
+        run_tfjob(api, job, settings["poll_seconds"], settings["active_deadline_seconds"],
+                  lambda line: on_line(-1, line))
         return f"TFJob {settings['namespace']}/{job_name}"
     spec_path = spec.save(os.path.join(work_dir, "spec.json"))
     result = launch_local_workers(spec_path, training["workers"], repo_root, work_dir,

@@ -116,7 +116,7 @@ def _worker_group(
             # The worker imports this checkout's `components`, whatever else is installed.
             env["PYTHONPATH"] = os.pathsep.join([repo_root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else repo_root
             process = subprocess.Popen(
-                [sys.executable, "-m", "components.distributed.worker", spec_path, "--exit-with-parent"],
+                [sys.executable, "-m", "components.distributed.worker", spec_path, "--parent-pid", str(os.getpid())],
                 cwd=repo_root,
                 env=env,
                 stdout=subprocess.PIPE,

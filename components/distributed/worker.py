@@ -1,4 +1,4 @@
-"""Entry point of one training worker: `python -m components.distributed.worker SPEC_JSON [--exit-with-parent]`.
+"""Entry point of one training worker: `python -m components.distributed.worker SPEC_JSON [--parent-pid PID]`.
 
 The same command runs under the local launcher and in a TFJob's pods; TF_CONFIG (set by the launcher or by the
 training operator) tells MultiWorkerMirroredStrategy which worker this is.
@@ -27,9 +27,11 @@ def import_function(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), name)
 
 
-def _exit_when_orphaned(poll_seconds: float = 1.0) -> None:
-    """Ends this worker when its launcher is gone (even a SIGKILLed one), so that no worker outlives it."""
-    parent = os.getppid()
+def _exit_when_orphaned(parent: int, poll_seconds: float = 1.0) -> None:
+    """Ends this worker when its launcher `parent` is gone (even a SIGKILLed one), so that no worker outlives it.
+
+    The pid comes from the launcher: by the time this runs (after TensorFlow's import) it may be gone already.
+    """
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -54,10 +56,10 @@ def run_worker(spec_path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.distributed.worker")
     parser.add_argument("spec", help="the WorkerSpec JSON the Trainer wrote")
-    parser.add_argument("--exit-with-parent", action="store_true", help="exit when the launching process is gone")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the local launcher) is gone")
     args = parser.parse_args(argv)
-    if args.exit_with_parent:
-        _exit_when_orphaned()
+    if args.parent_pid:
+        _exit_when_orphaned(args.parent_pid)
     import tensorflow as tf
     from absl import logging
 

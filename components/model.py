@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -210,6 +211,25 @@ def export_serving_model(
     tf.saved_model.save(module, export_dir, signatures=signatures)
 
 
+class ThroughputLogger(tf.keras.callbacks.Callback):
+    """Logs each epoch's time (its training steps and the validation that ends it) and the global examples per
+    second it trained, the figure benchmarks/distributed_training.py compares across worker counts."""
+
+    def __init__(self, global_batch: int, steps_per_epoch: int):
+        super().__init__()
+        self._examples = global_batch * steps_per_epoch
+        self._global_batch, self._steps = global_batch, steps_per_epoch
+        self._started = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        seconds = time.perf_counter() - self._started
+        logging.info("epoch %d: %d steps of %d examples in %.2fs, %.0f examples/s", epoch + 1, self._steps,
+                     self._global_batch, seconds, self._examples / seconds)
+
+
 def apply_hyperparameters(training: dict[str, Any], hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
     """Training settings with the Tuner's best values (layer width, depth, learning rate) put in."""
     if not hyperparameters:
@@ -270,6 +290,7 @@ def run_fn(fn_args: FnArgs) -> None:
         steps_per_epoch = min(training["steps_per_epoch"], fn_args.train_steps)
         epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
         callbacks = [
+            ThroughputLogger(global_batch, steps_per_epoch),
             # Every epoch end: a worker group that dies and restarts resumes from the last epoch, not from step 0.
             # All workers use the same folder; tf_keras lets only the chief write into it.
             tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir(fn_args.model_run_dir)),

@@ -7,6 +7,7 @@ from pathlib import Path
 import jsonschema
 import kubernetes.client
 import pytest
+import yaml
 from kubernetes.client.rest import ApiException
 
 from components.distributed.executor import run_distributed_training, tfjob_name
@@ -278,3 +279,45 @@ def test_the_executor_path_writes_the_spec_where_the_pods_read_it(tmp_path, sche
     assert WorkerSpec.load(str(spec_path)) == spec
     assert where == f"TFJob mlops/{created['metadata']['name']}"
     assert created["metadata"]["name"] == tfjob_name(str(model_run)), "the same name when TFX retries"
+
+
+K8S_TRAINING = Path(__file__).parent.parent.parent / "k8s" / "training"
+KINDS = {"Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "Role": "V1Role",
+         "RoleBinding": "V1RoleBinding", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
+         "PersistentVolume": "V1PersistentVolume"}
+
+
+def manifests(folder: Path) -> list[dict]:
+    """The objects a kustomization lists (resources that are folders are followed), as kubectl apply -k reads them."""
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    objects = []
+    for resource in kustomization["resources"]:
+        path = folder / resource
+        assert path.exists(), f"{folder}/kustomization.yaml lists {resource}, which does not exist"
+        objects += manifests(path) if path.is_dir() else [o for o in yaml.safe_load_all(path.read_text()) if o]
+    return objects
+
+
+@pytest.mark.parametrize("folder", ["", "overlays/kind"])
+def test_the_once_only_manifests_match_the_kubernetes_models(folder):
+    objects = manifests(K8S_TRAINING / folder)
+    assert {o["kind"] for o in objects} >= {"Namespace", "ServiceAccount", "Role", "RoleBinding",
+                                            "PersistentVolumeClaim"}
+    for obj in objects:
+        defs = {}
+        ref = _type_schema(KINDS[obj["kind"]], defs)
+        jsonschema.Draft202012Validator({**ref, "$defs": defs}).validate(obj)
+    role = next(o for o in objects if o["kind"] == "Role")
+    tfjob_rule = next(r for r in role["rules"] if "tfjobs" in r["resources"])
+    assert {"create", "get", "delete"} <= set(tfjob_rule["verbs"]), "what run_tfjob calls"
+    assert set(tfjob_rule["apiGroups"]) == {"kubeflow.org", "training.kubedl.io"}
+
+
+def test_the_tfjob_template_is_what_the_code_builds(schemas):
+    (template,) = manifests(K8S_TRAINING / "job")
+    validate(schemas["kubeflow"], template)
+    training = load_config(None, ["training.backend=tfjob", "output_root=/mlops/outputs"]).module_config()["training"]
+    command = template["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    built = build_tfjob(template["metadata"]["name"], command[-1], 2, training["tfjob"])
+    assert template["spec"] == built["spec"], "the template drifted from components/distributed/tfjob.py"
+    assert template["metadata"]["labels"] == built["metadata"]["labels"]

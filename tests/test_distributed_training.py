@@ -120,7 +120,11 @@ def test_only_the_chief_writes_the_model_and_the_tensorboard_logs(two_worker_run
     assert sorted(os.listdir(model_run)) == ["train", "validation", "workers"]
     assert sorted(os.listdir(os.path.join(model_run, "workers"))) == ["attempt-0", "attempt-1", "spec.json"], \
         "the other worker's scratch folder (its SavedModel and TensorBoard logs) is gone"
-    assert len(glob.glob(os.path.join(model_run, "train", "events.out.tfevents.*"))) == 1, "one writer: the chief"
+    chief_pids = {re.search(r"worker 0 is pid (\d+)", Path(log).read_text()).group(1)
+                  for log in glob.glob(os.path.join(model_run, "workers", "attempt-*", "worker-0.log"))}
+    writers = {re.search(r"\.(\d+)\.\d+\.v2$", event).group(1)
+               for event in glob.glob(os.path.join(model_run, "*", "events.out.tfevents.*"))}
+    assert writers and writers <= chief_pids, "TensorBoard events come from the chief of each attempt only"
     (model,) = glob.glob(os.path.join(config.pipeline_root, "Trainer", "model", "*"))
     assert os.listdir(model) == ["Format-Serving"]
     assert (Path(summary.pushed_path) / "saved_model.pb").exists()
@@ -138,7 +142,10 @@ def test_two_workers_reach_the_auc_of_one_worker(two_worker_run):
         time.sleep(1)  # train() names its folder by the second
     aucs = {workers: eval_auc(result.serving_model_dir, config) for workers, result in results.items()}
     assert aucs[1] > 0.8
-    assert abs(aucs[1] - aucs[2]) < 0.01, aucs
+    # The issue asks for 0.01. With one seed, the same examples in every step and no dropout, the two runs differ
+    # only in the order of float sums (they agreed to 4 decimals on this machine), so the tighter bound leaves a
+    # mistake in how the workers split the data little room to hide.
+    assert abs(aucs[1] - aucs[2]) < 0.002, aucs
     worker_1_log = Path(results[2].logs, "attempt-0", "worker-1.log").read_text()
     assert "worker 1 of 2 (chief: False): 2 replicas, global batch 64, 32 per replica" in worker_1_log
 
@@ -147,6 +154,7 @@ def test_a_worker_failing_for_good_fails_with_its_log_tail(two_worker_run):
     config, _, _ = two_worker_run
     bad = small_config(Path(config.data.path), Path(config.output_root), "training.workers=2",
                        "training.activation=relux", *FAST)
+    runs_before = set(glob.glob(os.path.join(config.output_root, "train", "*")))
     started = time.monotonic()
     with pytest.raises(WorkerFailedError) as error:
         train(bad, out=io.StringIO())
@@ -154,7 +162,8 @@ def test_a_worker_failing_for_good_fails_with_its_log_tail(two_worker_run):
     assert re.search(r"^worker [01] exited with code 1 on attempt 1 of 3; fix what its log shows", message), message
     assert "relux" in message, "the tail of the failing worker's log is in the error"
     assert not worker_processes(), "the other worker was ended too"
-    assert not glob.glob(os.path.join(config.output_root, "train", "*", "model", "Format-Serving")), "no model"
+    (bad_run,) = set(glob.glob(os.path.join(config.output_root, "train", "*"))) - runs_before
+    assert not os.path.exists(os.path.join(bad_run, "model")), "no model"
     assert len(os.listdir(config.serving_dir)) == 1, "nothing new is pushed"
     assert time.monotonic() - started < 120, "a permanent failure is not restarted"
 
@@ -179,7 +188,8 @@ def test_no_worker_outlives_an_interrupted_launcher(two_worker_run, tmp_path, st
         time.sleep(2)
         launcher.send_signal(stop_signal)
         launcher.wait(30)
-        deadline = time.monotonic() + 20
+        # A killed launcher cannot end its workers: they notice within a second of loading TensorFlow.
+        deadline = time.monotonic() + 60
         while worker_processes(spec_path) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not worker_processes(spec_path)

@@ -70,14 +70,18 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _pump(stream, index: int, log_path: str, tail: collections.deque, sink: LineSink) -> None:
+def _pump(stream, index: int, log_path: str, header: str, tail: collections.deque, sink: LineSink) -> None:
     with open(log_path, "w", buffering=1) as log:
+        log.write(f"{time.strftime('%H:%M:%S')} [launcher] {header}\n")
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             # Python's own logging in the worker has no time stamps; the log file gets them here.
             log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
             tail.append(line)
-            sink(index, line)
+            try:
+                sink(index, line)
+            except Exception as error:  # noqa: BLE001  (a broken sink must not stop draining the pipe)
+                log.write(f"{time.strftime('%H:%M:%S')} [launcher] could not pass this line on: {error!r}\n")
     stream.close()
 
 
@@ -126,8 +130,9 @@ def _worker_group(
             )
             log_path = os.path.join(log_dir, f"worker-{index}.log")
             tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+            header = f"worker {index} is pid {process.pid} with TF_CONFIG {env['TF_CONFIG']}"
             reader = threading.Thread(
-                target=_pump, args=(process.stdout, index, log_path, tail, sink), name=f"worker-{index}-log",
+                target=_pump, args=(process.stdout, index, log_path, header, tail, sink), name=f"worker-{index}-log",
                 daemon=True,
             )
             reader.start()

@@ -113,7 +113,8 @@ def main() -> None:
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "PYTHONWARNINGS": "ignore", "TF_CPP_MIN_LOG_LEVEL": "3"}
 
     ours_root = work / "ours"
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--set", f"output_root={ours_root}"]
+    # What `make demo` runs: the pipeline, then a REST and a gRPC prediction from the served model.
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--serve-after", "--set", f"output_root={ours_root}"]
     if args.config:
         command += ["--config", args.config]
     print("running our pipeline ...", flush=True)

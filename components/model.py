@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -10,6 +13,8 @@ from absl import logging
 from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
 from tfx_bsl.tfxio import dataset_options
 
+from components.distributed.cluster import worker_role
+from components.distributed.layout import backup_dir, scratch_dir
 from components.features import FeatureLayout, transformed_name
 
 SERVING_OUTPUT = "probabilities"
@@ -85,15 +90,24 @@ def input_fn(
     label_key: str,
     batch_size: int,
     num_epochs: int | None = None,
+    seed: int | None = None,
 ) -> tf.data.Dataset:
-    """(features, label) batches of the transformed examples; repeats forever unless num_epochs is given."""
+    """(features, label) batches of the transformed examples; repeats forever unless num_epochs is given.
+
+    Under several workers, `batch_size` is the global batch: the strategy splits each batch among the replicas.
+    """
     dataset = data_accessor.tf_dataset_factory(
         file_pattern,
-        dataset_options.TensorFlowDatasetOptions(batch_size=batch_size, label_key=label_key, num_epochs=num_epochs),
+        dataset_options.TensorFlowDatasetOptions(
+            batch_size=batch_size, label_key=label_key, num_epochs=num_epochs, shuffle_seed=seed
+        ),
         tft_output.transformed_metadata.schema,
     )
     options = tf.data.Options()
-    # Transform writes few files, often fewer than workers: shard by element, not by file.
+    # DATA, not FILE: Transform writes few files (one for a small split), often fewer than workers, and FILE
+    # sharding would leave workers without data or unbalanced. Under DATA every worker reads all files and keeps
+    # its own slice of each global batch, so step k trains on global batch k of the unsharded order, as one worker
+    # would. That holds only if every worker reads the same order: hence the shared shuffle seed.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
 
@@ -197,6 +211,25 @@ def export_serving_model(
     tf.saved_model.save(module, export_dir, signatures=signatures)
 
 
+class ThroughputLogger(tf.keras.callbacks.Callback):
+    """Logs each epoch's time (its training steps and the validation that ends it) and the global examples per
+    second it trained, the figure benchmarks/distributed_training.py compares across worker counts."""
+
+    def __init__(self, global_batch: int, steps_per_epoch: int):
+        super().__init__()
+        self._examples = global_batch * steps_per_epoch
+        self._global_batch, self._steps = global_batch, steps_per_epoch
+        self._started = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        seconds = time.perf_counter() - self._started
+        logging.info("epoch %d: %d steps of %d examples in %.2fs, %.0f examples/s", epoch + 1, self._steps,
+                     self._global_batch, seconds, self._examples / seconds)
+
+
 def apply_hyperparameters(training: dict[str, Any], hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
     """Training settings with the Tuner's best values (layer width, depth, learning rate) put in."""
     if not hyperparameters:
@@ -211,16 +244,34 @@ def apply_hyperparameters(training: dict[str, Any], hyperparameters: dict[str, A
 
 
 def run_fn(fn_args: FnArgs) -> None:
-    """TFX Trainer entry point."""
+    """TFX Trainer entry point; the same function runs in every worker of a multi-worker job.
+
+    Only the chief writes the SavedModel and TensorBoard logs where TFX expects them; the other workers write
+    theirs (saving runs collective ops, so every worker must save) to a temporary folder removed afterwards.
+    """
     layout = FeatureLayout(fn_args.custom_config)
     training = apply_hyperparameters(fn_args.custom_config["training"], fn_args.hyperparameters)
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
+    # TF_CONFIG is MultiWorkerMirroredStrategy's contract (set by the local launcher or the training operator),
+    # the one environment variable module code reads; absent, this process is the only worker and the chief.
+    role = worker_role(os.environ.get("TF_CONFIG"))
+    # The same seed everywhere: initial weights (the chief's are broadcast anyway) and, above all, the input order.
     tf.keras.utils.set_random_seed(training["seed"])
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    global_batch = training["batch_size"] * strategy.num_replicas_in_sync
-    train = input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch)
-    evaluation = input_fn(fn_args.eval_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = training["batch_size"]
+    if global_batch % replicas:
+        raise ValueError(f"training.batch_size ({global_batch}) is the global batch and must be a multiple of the "
+                         f"{replicas} replicas; change training.batch_size or training.workers.")
+    # The learning rate and the number of steps are those of the global batch, whatever the number of workers.
+    logging.info("worker %d of %d (chief: %s): %d replicas, global batch %d, %d per replica", role.index,
+                 role.workers, role.is_chief, replicas, global_batch, global_batch // replicas)
+    seed = training["seed"]
+    train = input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch, seed=seed)
+    evaluation = input_fn(
+        fn_args.eval_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch, seed=seed
+    )
     weights = None
     if training["class_weights"]:
         weights = class_weights(
@@ -234,22 +285,38 @@ def run_fn(fn_args: FnArgs) -> None:
         )
     model.summary(print_fn=logging.info)
 
-    steps_per_epoch = min(training["steps_per_epoch"], fn_args.train_steps)
-    epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
-    callbacks = [
-        tf.keras.callbacks.EarlyStopping(
-            monitor="val_auc", mode="max", patience=training["early_stopping_patience"], restore_best_weights=True
-        ),
-        tf.keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir, update_freq="epoch"),
-    ]
-    model.fit(
-        train,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        validation_data=evaluation,
-        validation_steps=fn_args.eval_steps,
-        class_weight=weights,
-        callbacks=callbacks,
-        verbose=2,
-    )
-    export_serving_model(model, tft_output, layout, fn_args.serving_model_dir)
+    scratch = None if role.is_chief else scratch_dir(fn_args.model_run_dir, role.index)
+    try:
+        steps_per_epoch = min(training["steps_per_epoch"], fn_args.train_steps)
+        epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
+        callbacks = [
+            ThroughputLogger(global_batch, steps_per_epoch),
+            # Every epoch end: a worker group that dies and restarts resumes from the last epoch, not from step 0.
+            # All workers use the same folder; tf_keras lets only the chief write into it.
+            tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir(fn_args.model_run_dir)),
+            tf.keras.callbacks.EarlyStopping(
+                monitor="val_auc", mode="max", patience=training["early_stopping_patience"], restore_best_weights=True
+            ),
+            tf.keras.callbacks.TensorBoard(
+                log_dir=fn_args.model_run_dir if scratch is None else os.path.join(scratch, "tensorboard"),
+                update_freq="epoch",
+            ),
+        ]
+        model.fit(
+            train,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=evaluation,
+            validation_steps=fn_args.eval_steps,
+            class_weight=weights,
+            callbacks=callbacks,
+            verbose=2,
+        )
+        export_dir = fn_args.serving_model_dir if scratch is None else os.path.join(scratch, "model")
+        export_serving_model(model, tft_output, layout, export_dir)
+        if scratch is None:
+            # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
+            shutil.rmtree(backup_dir(fn_args.model_run_dir), ignore_errors=True)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

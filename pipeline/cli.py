@@ -48,6 +48,26 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from components.distributed.launcher import WorkerFailedError
+    from components.distributed.tfjob import TFJobFailedError
+    from pipeline.training import NoTransformOutputError, train
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"training.workers={args.workers}")
+    config = load_config(args.config, overrides)
+    try:
+        train(config)
+    except NoTransformOutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (WorkerFailedError, TFJobFailedError) as e:
+        print(f"training failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlops", description="TFX pipeline from CSV to TF Serving.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="then serve the pushed model and print one REST and one gRPC prediction for an eval row")
     run.set_defaults(handler=_run)
     serving_cli.register(commands)
+    train = commands.add_parser(
+        "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
+    )
+    _add_config_args(train)
+    train.add_argument("--workers", type=int, help="number of workers (default: training.workers)")
+    train.set_defaults(handler=_train)
     return parser
 
 

@@ -51,6 +51,41 @@ class TransformConfig:
 
 
 @dataclass
+class TFJobConfig:
+    """How `training.backend: tfjob` runs the workers as a Kubernetes TFJob (see k8s/training/README.md)."""
+    # kubeflow: Kubeflow's training operator (kubeflow.org/v1); kubedl: KubeDL (training.kubedl.io/v1alpha1).
+    operator: Literal["kubeflow", "kubedl"] = "kubeflow"
+    namespace: str = "mlops"
+    # The project's image (the Dockerfile at the repository root), pushed where the cluster can pull it.
+    image: str = "tfx-mlops:latest"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str = "mlops-trainer"
+    # Claim holding the pipeline root; every worker mounts it at mount_path ...
+    pvc: str = "mlops-pipeline-root"
+    # ... which must be where output_root lives, so that artifact paths mean the same in every pod; empty means
+    # the absolute output_root itself.
+    mount_path: str = ""
+    cpu: str = "1"
+    memory: str = "2Gi"
+    # ExitCode: exit codes 1-127 are permanent failures, 128 and above (a killed worker) are restarted.
+    restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "ExitCode"
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
+    backoff_limit: int = 3
+    active_deadline_seconds: int = 7200
+    # How often the Trainer reads the job's status while it waits.
+    poll_seconds: float = 10.0
+    # Empty: the in-cluster service account, else ~/.kube/config; or the path of a kubeconfig file.
+    kubeconfig: str = ""
+    # KubeDL only: when set, KubeDL records the chief's SavedModel as a ModelVersion of this model ...
+    model_version_name: str = ""
+    # ... builds an image of it pushed to this repository ...
+    model_image_repo: str = ""
+    # ... from this NFS export, which KubeDL mounts in the chief's pod.
+    model_nfs_server: str = ""
+    model_nfs_path: str = ""
+
+
+@dataclass
 class TrainingConfig:
     train_steps: int = 2000
     eval_steps: int = 100
@@ -72,8 +107,16 @@ class TrainingConfig:
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     class_weights: bool = True
     early_stopping_patience: int = 3
-    # Seeds Python, NumPy and TensorFlow (and the Tuner's search) so that reruns are comparable.
+    # Seeds weight initialisation and the input order; all workers must shuffle alike (see components/model.py).
     seed: int = 42
+    # Number of MultiWorkerMirroredStrategy workers. batch_size is the global batch, split evenly among them, so
+    # the learning rate and steps stay those of one worker and the result does not depend on this number.
+    workers: int = 1
+    # local: worker processes on this machine (127.0.0.1); tfjob: a TFJob on Kubernetes.
+    backend: Literal["local", "tfjob"] = "local"
+    # How often the local launcher restarts the whole group after a worker was killed (signal or exit code >= 128).
+    max_restarts: int = 2
+    tfjob: TFJobConfig = field(default_factory=TFJobConfig)
 
 
 @dataclass
@@ -145,9 +188,16 @@ class PipelineConfig:
             },
             "label": dataclasses.asdict(self.label),
             "transform": dataclasses.asdict(self.transform),
-            "training": dataclasses.asdict(self.training),
+            "training": self._training_settings(),
             "tuner": dataclasses.asdict(self.tuner),
         }
+
+    def _training_settings(self) -> dict[str, Any]:
+        training = dataclasses.asdict(self.training)
+        if self.training.backend == "tfjob" and not self.training.tfjob.mount_path:
+            # The pods mount the pipeline root's volume where this machine sees it, so artifact paths match.
+            training["tfjob"]["mount_path"] = os.path.abspath(self.output_root)
+        return training
 
 
 def _type_name(tp: Any) -> str:
@@ -281,6 +331,7 @@ def _validate(config: PipelineConfig) -> None:
     for key in ("train_steps", "eval_steps", "steps_per_epoch", "batch_size"):
         if getattr(config.training, key) < 1:
             raise ConfigError(f"training.{key} must be at least 1.")
+    _validate_distribution(config)
     if not config.training.hidden_units:
         raise ConfigError("training.hidden_units must list at least one layer size.")
     if not 0.0 <= config.training.dropout < 1.0:
@@ -289,3 +340,39 @@ def _validate(config: PipelineConfig) -> None:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):
         raise ConfigError(f"schema file {config.schema_path} does not exist; fix schema_path.")
+
+
+def _validate_distribution(config: PipelineConfig) -> None:
+    training = config.training
+    if training.workers < 1:
+        raise ConfigError("training.workers must be at least 1.")
+    if training.batch_size % training.workers:
+        raise ConfigError(
+            f"training.batch_size ({training.batch_size}) is the global batch and must be a multiple of "
+            f"training.workers ({training.workers}); change one of them."
+        )
+    if training.max_restarts < 0:
+        raise ConfigError("training.max_restarts must be 0 or more.")
+    tfjob = training.tfjob
+    if training.backend != "tfjob":
+        return
+    for key in ("namespace", "image", "pvc"):
+        if not getattr(tfjob, key):
+            raise ConfigError(f"training.tfjob.{key} is empty; the TFJob backend needs it.")
+    if tfjob.poll_seconds <= 0 or tfjob.active_deadline_seconds < 1 or tfjob.backoff_limit < 0:
+        raise ConfigError("training.tfjob.poll_seconds and active_deadline_seconds must be positive, "
+                          "backoff_limit 0 or more.")
+    if tfjob.mount_path:
+        root = os.path.abspath(config.output_root)
+        mount = os.path.abspath(tfjob.mount_path)
+        if os.path.commonpath([root, mount]) != mount:
+            raise ConfigError(f"output_root {root} is not below training.tfjob.mount_path {mount}; the workers could "
+                              "not read the pipeline's artifacts. Put output_root on the mounted volume.")
+    model_keys = ("model_version_name", "model_image_repo", "model_nfs_server", "model_nfs_path")
+    given = [key for key in model_keys if getattr(tfjob, key)]
+    if given and tfjob.operator != "kubedl":
+        raise ConfigError("training.tfjob.model_version_name is a KubeDL feature; set training.tfjob.operator=kubedl "
+                          "or leave the model_* keys empty.")
+    if given and len(given) != len(model_keys):
+        raise ConfigError("a KubeDL ModelVersion needs all of training.tfjob." + ", training.tfjob.".join(model_keys)
+                          + "; set the missing ones or none.")

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
+from tfx.dsl.components.base import executor_spec
 
 from components.baseline import PreviousBlessedModelStrategy
+from components.distributed.executor import DistributedTrainerExecutor
 from components.gates.component import DataValidationGate
 from pipeline.config import PipelineConfig
 from pipeline.data import resolve_data_dir
@@ -143,6 +145,8 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps),
         custom_config=module_config,
+        # TFX's own executor for one local worker; N worker processes or a TFJob otherwise.
+        custom_executor_spec=executor_spec.ExecutorClassSpec(DistributedTrainerExecutor),
     )
     model_resolver = tfx.dsl.Resolver(
         strategy_class=PreviousBlessedModelStrategy,

@@ -78,12 +78,16 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout) -> RunSummary:
     print(f"pipeline '{config.name}': {len(files)} CSV file(s) from {data_dir}", file=out)
     print(f"outputs under {os.path.abspath(config.output_root)}; full log {log_path}", file=out, flush=True)
 
-    tfx_pipeline = create_pipeline(config)
-    progress = StageProgress([c.id for c in tfx_pipeline.components], out)
+    progress = None
     try:
-        with _logs_to_file(log_path), progress.track():
-            LocalDagRunner().run(tfx_pipeline)
+        with _logs_to_file(log_path):
+            tfx_pipeline = create_pipeline(config)
+            progress = StageProgress([c.id for c in tfx_pipeline.components], out)
+            with progress.track():
+                LocalDagRunner().run(tfx_pipeline)
     except Exception as error:
+        if progress is None:
+            raise PipelineError(f"the pipeline could not be built: {error}; see the full log at {log_path}") from error
         progress.failed()
         gate = _find_cause(error, DataValidationError)
         if gate is not None:

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo run test lint benchmark clean
+.PHONY: help setup lock demo test lint clean
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"

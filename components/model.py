@@ -27,6 +27,22 @@ if not any(getattr(rule, "module_prefix", None) == "tf_keras" for rule in _autog
     )
 
 SERVING_OUTPUT = "probabilities"
+# Beside the SavedModel (Format-Serving) in a Model artifact: the bare Keras model over transformed features,
+# which the Optimizer fine-tunes and the Exporter converts.
+KERAS_MODEL_FILE = "keras/model.keras"
+
+
+def keras_model_path(model_uri: str) -> str:
+    return os.path.join(model_uri, KERAS_MODEL_FILE)
+
+
+def load_keras_model(model_uri: str) -> tf.keras.Model:
+    """The Keras model a Trainer or Optimizer wrote into the Model artifact at `model_uri`, uncompiled."""
+    path = keras_model_path(model_uri)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{path} is missing: the model was written by an older Trainer; run the pipeline "
+                                "again without the cache (--set enable_cache=false).")
+    return tf.keras.models.load_model(path, compile=False)
 
 
 def categorical_cardinalities(layout: FeatureLayout, tft_output: tft.TFTransformOutput) -> dict[str, int]:
@@ -324,6 +340,10 @@ def run_fn(fn_args: FnArgs) -> None:
         export_dir = fn_args.serving_model_dir if scratch is None else os.path.join(scratch, "model")
         export_serving_model(model, tft_output, layout, export_dir)
         if scratch is None:
+            # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it.
+            keras_path = keras_model_path(os.path.dirname(fn_args.serving_model_dir.rstrip("/")))
+            tf.io.gfile.makedirs(os.path.dirname(keras_path))
+            model.save(keras_path, include_optimizer=False)
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
             shutil.rmtree(backup_dir(fn_args.model_run_dir), ignore_errors=True)
     finally:

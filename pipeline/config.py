@@ -47,7 +47,9 @@ class LabelConfig:
 class TransformConfig:
     bucket_count: int = 10
     vocab_size: int = 1000
-    oov_buckets: int = 10
+    # Ids for values outside the vocabulary. With 1, every unseen value gets id vocab_size and each runtime can
+    # reproduce it; more buckets spread unseen values by a FarmHash only TensorFlow computes (SavedModel only).
+    oov_buckets: int = 1
 
 
 @dataclass
@@ -138,6 +140,52 @@ class EvaluationConfig:
 
 
 @dataclass
+class DistillConfig:
+    # A smaller student learns from the trained model's soft targets, then goes on to pruning and export.
+    enabled: bool = False
+    hidden_units: list[int] = field(default_factory=lambda: [16])
+    # Softens both models' logits: higher passes more of the teacher's ranking between examples.
+    temperature: float = 4.0
+    # loss = alpha * hard-label loss + (1 - alpha) * temperature^2 * soft-target loss
+    alpha: float = 0.3
+    steps: int = 1000
+    learning_rate: float = 0.005
+
+
+@dataclass
+class OptimizeConfig:
+    prune: bool = True
+    # Fraction of each Dense kernel's weights set to zero, reached by a polynomial schedule while fine-tuning.
+    target_sparsity: float = 0.5
+    fine_tune_steps: int = 400
+    learning_rate: float = 0.0005
+    batch_size: int = 128
+    # The pruned model fails the Optimizer when its eval AUC is more than this below the unpruned model's.
+    max_auc_drop: float = 0.01
+    distill: DistillConfig = field(default_factory=DistillConfig)
+
+
+EXPORT_FORMATS = ("saved_model", "tflite", "onnx", "tfjs")
+TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8")
+
+
+@dataclass
+class ExportConfig:
+    formats: list[str] = field(default_factory=lambda: list(EXPORT_FORMATS))
+    tflite_variants: list[str] = field(default_factory=lambda: list(TFLITE_VARIANTS))
+    # Float formats (ONNX, TF.js, TFLite float32) must match the SavedModel's probabilities this closely ...
+    max_abs_diff: float = 1e-4
+    # ... and the quantized TFLite variants (dynamic, float16, int8) may lose at most this much eval AUC.
+    max_quantized_auc_drop: float = 0.01
+    # Most eval rows every artifact is run on (all of them when the eval split is smaller), and how many of them are timed one by one for latency.
+    eval_rows: int = 2000
+    latency_rows: int = 200
+    onnx_opset: int = 17
+    # Rows of the training split int8 quantization calibrates its ranges on.
+    representative_rows: int = 500
+
+
+@dataclass
 class BeamConfig:
     direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "multi_processing"
     # 0 means one worker per CPU.
@@ -160,6 +208,8 @@ class PipelineConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     tuner: TunerConfig = field(default_factory=TunerConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
 
     @property
@@ -190,6 +240,8 @@ class PipelineConfig:
             "transform": dataclasses.asdict(self.transform),
             "training": self._training_settings(),
             "tuner": dataclasses.asdict(self.tuner),
+            "optimize": dataclasses.asdict(self.optimize),
+            "export": dataclasses.asdict(self.export),
         }
 
     def _training_settings(self) -> dict[str, Any]:
@@ -336,10 +388,40 @@ def _validate(config: PipelineConfig) -> None:
         raise ConfigError("training.hidden_units must list at least one layer size.")
     if not 0.0 <= config.training.dropout < 1.0:
         raise ConfigError("training.dropout must be in [0, 1).")
+    _validate_optimize_and_export(config)
     if not config.schema_path:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):
         raise ConfigError(f"schema file {config.schema_path} does not exist; fix schema_path.")
+
+
+def _validate_optimize_and_export(config: PipelineConfig) -> None:
+    optimize, export = config.optimize, config.export
+    if not 0.0 < optimize.target_sparsity < 1.0:
+        raise ConfigError("optimize.target_sparsity must be between 0 and 1 (0.5 zeroes half of each kernel).")
+    if optimize.prune and optimize.fine_tune_steps < 1:
+        raise ConfigError("optimize.fine_tune_steps must be at least 1 when optimize.prune is true.")
+    distill = optimize.distill
+    if distill.enabled and (not distill.hidden_units or distill.steps < 1 or distill.temperature <= 0
+                            or not 0.0 <= distill.alpha <= 1.0):
+        raise ConfigError("optimize.distill needs hidden_units, steps >= 1, temperature > 0 and alpha in [0, 1].")
+    unknown = [f for f in export.formats if f not in EXPORT_FORMATS]
+    if unknown or "saved_model" not in export.formats:
+        raise ConfigError(f"export.formats must include saved_model (TF Serving loads it) and may add tflite, onnx, "
+                          f"tfjs; got {export.formats}.")
+    unknown = [v for v in export.tflite_variants if v not in TFLITE_VARIANTS]
+    if unknown or ("tflite" in export.formats and not export.tflite_variants):
+        raise ConfigError(f"export.tflite_variants must be some of {', '.join(TFLITE_VARIANTS)}; got "
+                          f"{export.tflite_variants}.")
+    if export.eval_rows < 100:
+        raise ConfigError("export.eval_rows must be at least 100 (default 2000): the formats are compared on that "
+                          "many eval rows.")
+    if not 1 <= export.latency_rows <= export.eval_rows:
+        raise ConfigError("export.latency_rows must be between 1 and export.eval_rows.")
+    if len(export.formats) > 1 and config.transform.oov_buckets != 1:
+        raise ConfigError(f"transform.oov_buckets is {config.transform.oov_buckets}, but TFLite, ONNX and TF.js "
+                          "cannot reproduce TensorFlow's hashing of unseen values into several buckets; set "
+                          "transform.oov_buckets=1, or export.formats=[saved_model].")
 
 
 def _validate_distribution(config: PipelineConfig) -> None:

@@ -8,6 +8,9 @@ import tensorflow_transform as tft
 
 from components.features import FeatureLayout, transformed_name
 
+# Vocabulary file holding the analyzer results of feature <key>: `<key>.constants`.
+CONSTANTS_SUFFIX = ".constants"
+
 
 def _dense_and_present(x: tf.Tensor | tf.SparseTensor, default: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """Makes a [batch] dense tensor, filling missing cells with `default`, and a [batch] mask of present cells."""
@@ -61,6 +64,25 @@ def compute_label(inputs: dict[str, Any], label: dict[str, Any]) -> tf.Tensor:
     return tf.cast(tf.logical_and(present, column > threshold), tf.int64)
 
 
+def _record_constants(key: str, like: tf.Tensor, constants: tf.Tensor) -> None:
+    """Writes the analyzer results of feature `key` to a file in the Transform output, so that runtimes without
+    TF Transform (TFLite, ONNX, TF.js) repeat this step exactly (components/exporter/preprocessing.py).
+
+    A vocabulary is the only analyzer result TF Transform writes as a file: every row carries the same token, the
+    base64 of the serialized constants, and the vocabulary file holds that one token."""
+    token = tf.io.encode_base64(tf.io.serialize_tensor(constants))
+    tft.vocabulary(tf.fill(tf.shape(like)[:1], token), vocab_filename=key + CONSTANTS_SUFFIX)
+
+
+def z_score(x: tf.Tensor, mean: tf.Tensor, std: tf.Tensor) -> tf.Tensor:
+    return tf.where(std > 0, (x - mean) / tf.where(std > 0, std, 1.0), x - mean)
+
+
+def bucket_ids(x: tf.Tensor, boundaries: tf.Tensor) -> tf.Tensor:
+    """Bucket i holds boundaries[i-1] <= x < boundaries[i]: the number of boundaries at or below x."""
+    return tf.reduce_sum(tf.cast(x[:, tf.newaxis] >= boundaries[tf.newaxis, :], tf.int64), axis=1)
+
+
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, tf.Tensor]:
     """Numeric: missing -> mean, then z-score. Coordinates: quantile buckets plus one bucket for missing.
     Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here."""
@@ -69,14 +91,26 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     outputs = {}
     for key in layout.numeric:
         x = _as_float(inputs[key])
-        filled, _ = _dense_and_present(x, tft.mean(_present_values(x)))
-        outputs[transformed_name(key)] = tft.scale_to_z_score(filled)
+        present = _present_values(x)
+        mean = tft.mean(present)
+        filled, _ = _dense_and_present(x, mean)
+        # Missing cells are filled with the mean: the mean stays, the variance shrinks by present / all rows.
+        # Computed from the present values in one pass, so the constants need no second analysis phase.
+        rows = tf.shape(x)[0] if isinstance(x, tf.Tensor) else x.dense_shape[0]
+        share = tf.cast(tft.size(present), tf.float32) / tf.cast(tft.size(tf.ones([rows])), tf.float32)
+        std = tf.sqrt(tft.var(present) * share)
+        name = transformed_name(key)
+        outputs[name] = z_score(filled, mean, std)
+        _record_constants(key, filled, tf.stack([mean, mean, std]))
     for key in layout.bucket:
         x = _as_float(inputs[key])
-        boundaries = tft.quantiles(_present_values(x), num_buckets=options["bucket_count"], epsilon=0.01)
+        boundaries = tf.reshape(
+            tft.quantiles(_present_values(x), num_buckets=options["bucket_count"], epsilon=0.01), [-1]
+        )
         filled, present = _dense_and_present(x, 0.0)
-        buckets = tft.apply_buckets(filled, boundaries)
-        outputs[transformed_name(key)] = tf.where(present, buckets, tf.cast(options["bucket_count"], tf.int64))
+        name = transformed_name(key)
+        outputs[name] = tf.where(present, bucket_ids(filled, boundaries), tf.cast(options["bucket_count"], tf.int64))
+        _record_constants(key, filled, boundaries)
     for key in layout.vocab:
         filled, _ = _dense_and_present(_as_string(inputs[key]), "")
         outputs[transformed_name(key)] = tft.compute_and_apply_vocabulary(

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_transform.beam as tft_beam
-from tensorflow_transform.tf_metadata import dataset_metadata, schema_utils
+from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils
 
+from components.exporter.preprocessing import RequestError, build_spec, preprocess
 from components.transform import preprocessing_fn
 
 CUSTOM_CONFIG = {
@@ -33,13 +34,41 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def transformed(tmp_path_factory):
+def transform_run(tmp_path_factory):
+    """The transformed rows, and the folder of the transform output as the Transform component writes it."""
     metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(FEATURE_SPEC))
+    output_dir = str(tmp_path_factory.mktemp("transform_output"))
     with tft_beam.Context(temp_dir=str(tmp_path_factory.mktemp("tft")), force_tf_compat_v1=False):
-        (rows, _), _ = (ROWS, metadata) | tft_beam.AnalyzeAndTransformDataset(
+        (rows, _), transform_fn = (ROWS, metadata) | tft_beam.AnalyzeAndTransformDataset(
             lambda inputs: preprocessing_fn(inputs, CUSTOM_CONFIG)
         )
-    return {key: np.array([row[key] for row in rows]) for key in rows[0]}
+        _ = transform_fn | tft_beam.WriteTransformFn(output_dir)
+    metadata_io.write_metadata(metadata, f"{output_dir}/metadata")
+    return {key: np.array([row[key] for row in rows]) for key in rows[0]}, output_dir
+
+
+@pytest.fixture(scope="module")
+def transformed(transform_run):
+    return transform_run[0]
+
+
+@pytest.fixture(scope="module")
+def spec(transform_run):
+    return build_spec(transform_run[1], CUSTOM_CONFIG)
+
+
+def request_columns(rows):
+    """ROWS as a serving request: NaN for a missing float, '' for a missing string."""
+    def value(row, key, missing):
+        return row[key][0] if row[key] else missing
+
+    return {
+        "fare": [value(r, "fare", math.nan) for r in rows],
+        "trip_miles": [value(r, "trip_miles", math.nan) for r in rows],
+        "lat": [value(r, "lat", None) for r in rows],
+        "payment_type": [value(r, "payment_type", "") for r in rows],
+        "hour": [value(r, "hour", -1) for r in rows],
+    }
 
 
 def test_outputs(transformed):
@@ -71,7 +100,7 @@ def test_coordinates_are_bucketized_with_a_bucket_for_missing(transformed):
 
 
 def test_vocabulary_by_frequency_with_missing_as_a_token(transformed):
-    # Cash x3 -> 0, Credit Card x2 -> 1, '' (missing) x1 -> 2.
+    # Cash x3 -> 0, Credit Card x2 -> 1, '' (missing) -> 2, the OOV id: vocabularies leave '' out.
     np.testing.assert_array_equal(transformed["payment_type_xf"], [0, 0, 1, 2, 0, 1])
     # Integer ids get a vocabulary too: '1' x3 -> 0, '2' x2 -> 1, '3' x1 -> 2.
     np.testing.assert_array_equal(transformed["hour_xf"], [0, 0, 1, 2, 0, 1])
@@ -80,3 +109,41 @@ def test_vocabulary_by_frequency_with_missing_as_a_token(transformed):
 def test_label_is_big_tipper(transformed):
     # tips > 0.2 * fare: 3>2, 1>4, 10>6, 0>8, 11>10, 12>12.
     np.testing.assert_array_equal(transformed["big_tipper"], [1, 0, 1, 0, 1, 0])
+
+
+def test_shipped_preprocessing_equals_the_transform_graph(transformed, spec):
+    outputs = preprocess(spec, request_columns(ROWS))
+    assert sorted(outputs) == sorted(k for k in transformed if k != "big_tipper")
+    for name, values in outputs.items():
+        assert values.shape == (len(ROWS), 1)
+        # Bit for bit: the same float32 operations on the same constants.
+        np.testing.assert_array_equal(values.ravel(), transformed[name].astype(values.dtype), err_msg=name)
+
+
+def test_preprocessing_spec_holds_the_analyzer_results(spec):
+    by_name = {f["name"]: f for f in spec["features"]}
+    fare = by_name["fare"]
+    assert fare["fill"] == pytest.approx(35.0) and fare["mean"] == pytest.approx(35.0)
+    assert fare["std"] == pytest.approx(np.std([10, 20, 30, 40, 50, 60]), rel=1e-6)
+    # TF Transform leaves '' (missing) out of vocabularies: it gets the OOV id.
+    assert by_name["payment_type"]["vocabulary"] == ["Cash", "Credit Card"]
+    assert by_name["hour"]["vocabulary"] == ["1", "2", "3"] and by_name["hour"]["oov_id"] == 3
+    assert by_name["lat"]["missing_id"] == 2 and len(by_name["lat"]["boundaries"]) == 1
+
+
+def test_unseen_values_boundaries_and_missing(spec):
+    boundary = spec["features"][2]["boundaries"][0]
+    columns = {"fare": [None], "trip_miles": [1.0], "lat": [boundary], "payment_type": ["Bitcoin"], "hour": [23]}
+    outputs = preprocess(spec, columns)
+    assert outputs["fare_xf"][0, 0] == 0.0  # missing -> the mean -> 0
+    assert outputs["lat_xf"][0, 0] == 1  # a value on a boundary belongs to the bucket above it
+    assert outputs["payment_type_xf"][0, 0] == 2 and outputs["hour_xf"][0, 0] == 3  # the one OOV id
+
+
+def test_preprocessing_rejects_a_bad_request(spec):
+    columns = request_columns(ROWS)
+    del columns["hour"]
+    with pytest.raises(RequestError, match="lacks feature 'hour'"):
+        preprocess(spec, columns)
+    with pytest.raises(RequestError, match="'fare' must hold float"):
+        preprocess(spec, {**request_columns(ROWS), "fare": ["ten"] * len(ROWS)})

@@ -1,0 +1,143 @@
+"""The Transform step as data plus NumPy, for runtimes that cannot run the TF Transform graph.
+
+TFLite, ONNX and TF.js artifacts hold the model over transformed features; this module (and its JavaScript twin,
+preprocessing.mjs) turns the raw request the SavedModel's `serving_default` takes into those features, with the
+constants the Transform analyzers computed. `build_spec` reads them from the Transform output; `preprocess`
+needs only NumPy, so this file is shipped beside the TFLite and ONNX artifacts as it is.
+
+A request is one array per raw feature; a missing value is NaN (or None) for floats, '' for strings and -1 for
+integers, as for the SavedModel.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+SPEC_FILE = "preprocessing.json"
+SPEC_VERSION = 1
+
+
+class RequestError(ValueError):
+    """A request lacks a feature or holds a value of the wrong type."""
+
+
+def build_spec(transform_output_dir: str, custom_config: dict[str, Any]) -> dict[str, Any]:
+    """The preprocessing spec of a Transform output: per feature its kind, raw type and the analyzer results."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+
+    from components.features import FeatureLayout, transformed_name
+    from components.transform import CONSTANTS_SUFFIX
+
+    layout = FeatureLayout(custom_config)
+    tft_output = tft.TFTransformOutput(transform_output_dir)
+    raw_spec = tft_output.raw_feature_spec()
+
+    def constants(key: str) -> list[float]:
+        try:
+            (token,) = tft_output.vocabulary_by_name(key + CONSTANTS_SUFFIX)
+        except (ValueError, OSError):
+            raise ValueError(f"the Transform output holds no constants for '{key}': it was made by an older "
+                             "preprocessing_fn; run the pipeline again with --set enable_cache=false.") from None
+        values = tf.io.parse_tensor(tf.io.decode_base64(token), tf.float32)
+        return [float(v) for v in values.numpy().reshape(-1)]
+
+    def raw_type(key: str) -> dict[str, Any]:
+        spec = raw_spec[key]
+        dtype = {tf.float32: "float", tf.int64: "int", tf.string: "string"}[spec.dtype]
+        return {"dtype": dtype, "optional": not isinstance(spec, tf.io.FixedLenFeature)}
+
+    features = []
+    for key in layout.numeric:
+        fill, mean, std = constants(key)
+        features.append({"name": key, "kind": "numeric", **raw_type(key), "fill": fill, "mean": mean, "std": std})
+    for key in layout.bucket:
+        features.append({"name": key, "kind": "bucket", **raw_type(key), "boundaries": constants(key),
+                         "missing_id": layout.transform["bucket_count"]})
+    for key in layout.vocab:
+        if raw_spec[key].dtype == tf.float32:
+            raise ValueError(f"vocabulary feature '{key}' is a float column, whose text form only TensorFlow "
+                             "reproduces; list it under data.numeric_features or data.bucket_features.")
+        vocabulary = [v.decode("utf-8") for v in tft_output.vocabulary_by_name(key)]
+        features.append({"name": key, "kind": "vocab", **raw_type(key), "vocabulary": vocabulary,
+                         "oov_id": len(vocabulary)})
+    return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features}
+
+
+def save_spec(spec: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(spec, f, indent=1)
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        spec = json.load(f)
+    if spec.get("version") != SPEC_VERSION:
+        raise ValueError(f"{path} is preprocessing spec version {spec.get('version')}; this code reads "
+                         f"version {SPEC_VERSION}.")
+    return spec
+
+
+def _column(columns: Mapping[str, Sequence[Any]], feature: dict[str, Any]) -> np.ndarray:
+    name, dtype = feature["name"], feature["dtype"]
+    if name not in columns:
+        raise RequestError(f"the request lacks feature '{name}'; send one value per row ({dtype}).")
+    values = columns[name]
+    try:
+        if dtype == "float":
+            return np.array([np.nan if v is None else v for v in values], dtype=np.float32)
+        if dtype == "int":
+            return np.array([-1 if v is None else v for v in values], dtype=np.int64)
+        return np.array(["" if v is None else (v.decode("utf-8") if isinstance(v, bytes) else str(v))
+                         for v in values], dtype=object)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise RequestError(f"feature '{name}' must hold {dtype} values: {e}.") from None
+
+
+def _as_float(values: np.ndarray, feature: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """float32 values and the mask of present ones, as the Transform graph sees them."""
+    if feature["dtype"] == "int":
+        present = values != -1 if feature["optional"] else np.ones(values.shape, dtype=bool)
+        return values.astype(np.float32), present
+    return values, ~np.isnan(values)
+
+
+def _as_text(values: np.ndarray, feature: dict[str, Any]) -> np.ndarray:
+    if feature["dtype"] == "int":
+        missing = values == -1 if feature["optional"] else np.zeros(values.shape, dtype=bool)
+        return np.array(["" if m else str(int(v)) for v, m in zip(values, missing, strict=True)], dtype=object)
+    return values
+
+
+def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
+    """Transformed features for a batch of raw rows: `<name>_xf` arrays of shape [rows, 1], float32 for numeric
+    features and int32 ids for buckets and vocabularies (the dtypes the exported TFLite, ONNX and TF.js take)."""
+    outputs = {}
+    rows = None
+    for feature in spec["features"]:
+        values = _column(columns, feature)
+        if rows is not None and len(values) != rows:
+            raise RequestError(f"feature '{feature['name']}' has {len(values)} values, others {rows}; send one "
+                               "value per row for every feature.")
+        rows = len(values)
+        kind = feature["kind"]
+        if kind == "numeric":
+            x, present = _as_float(values, feature)
+            filled = np.where(present, x, np.float32(feature["fill"])).astype(np.float32)
+            mean, std = np.float32(feature["mean"]), np.float32(feature["std"])
+            out = (filled - mean) / std if std > 0 else filled - mean
+        elif kind == "bucket":
+            x, present = _as_float(values, feature)
+            filled = np.where(present, x, np.float32(0.0))
+            boundaries = np.array(feature["boundaries"], dtype=np.float32)
+            ids = (filled[:, None] >= boundaries[None, :]).sum(axis=1)
+            out = np.where(present, ids, feature["missing_id"]).astype(np.int32)
+        else:
+            index = {token: i for i, token in enumerate(feature["vocabulary"])}
+            oov = feature["oov_id"]
+            out = np.array([index.get(token, oov) for token in _as_text(values, feature)], dtype=np.int32)
+        outputs[feature["name"] + spec["output_suffix"]] = out.reshape(-1, 1)
+    return outputs

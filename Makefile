@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.synced
+# Node.js packages that run the exported TF.js model (@tensorflow/tfjs, pure JavaScript: nothing native to fetch).
+NODE_DIR := components/exporter/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 
@@ -18,7 +21,7 @@ help:
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 
-setup: $(STAMP)
+setup: $(STAMP) $(NODE_STAMP)
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):
@@ -33,6 +36,12 @@ $(STAMP): requirements.lock setup.py | $(UV)
 	$(UV) pip sync --compile-bytecode --python $(PY) requirements.lock
 	$(UV) pip install --python $(PY) --no-deps -e .
 	@touch $(STAMP)
+
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: the TF.js export is verified in Node.js 18+;" \
+	  "install it (Debian: apt install nodejs npm)." >&2; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	@touch $(NODE_STAMP)
 
 lock: | $(UV)
 	$(UV) pip compile requirements.in --override overrides.txt --python-version 3.10 \

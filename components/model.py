@@ -343,7 +343,7 @@ def run_fn(fn_args: FnArgs) -> None:
             # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it.
             keras_path = keras_model_path(os.path.dirname(fn_args.serving_model_dir.rstrip("/")))
             tf.io.gfile.makedirs(os.path.dirname(keras_path))
-            model.save(keras_path, include_optimizer=False)
+            model.save(keras_path)
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
             shutil.rmtree(backup_dir(fn_args.model_run_dir), ignore_errors=True)
     finally:

@@ -1,0 +1,120 @@
+"""Converters from the trained Keras model to TFLite, ONNX and TF.js, and the SavedModel as pushed.
+
+The SavedModel carries the Transform graph and takes raw features. The other formats hold the model over
+transformed features (the `<name>_xf` tensors of preprocessing.py, float32 values and int32 ids, each [rows, 1]),
+because none of their runtimes runs TF Transform's vocabulary tables; preprocessing.json, shipped beside each,
+holds the Transform constants and preprocessing.py / preprocessing.mjs apply them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from components.model import SERVING_OUTPUT
+
+NODE_DIR = Path(__file__).parent / "node"
+# What each exported folder holds beside the model, so that it can be copied out and used alone.
+PYTHON_PREPROCESSING = Path(__file__).parent / "preprocessing.py"
+JS_FILES = (NODE_DIR / "preprocessing.mjs", NODE_DIR / "predict.mjs")
+
+
+def core_input_specs(spec: dict[str, Any]) -> list[tf.TensorSpec]:
+    """The transformed inputs, in the order of the preprocessing spec."""
+    specs = []
+    for feature in spec["features"]:
+        dtype = tf.float32 if feature["kind"] == "numeric" else tf.int32
+        name = feature["name"] + spec["output_suffix"]
+        specs.append(tf.TensorSpec([None, 1], dtype, name=name))
+    return specs
+
+
+class CoreModule(tf.Module):
+    """The Keras model over transformed features with a signature every converter reads."""
+
+    def __init__(self, model: tf.keras.Model, spec: dict[str, Any]):
+        super().__init__()
+        self.model = model
+        self._names = [s.name for s in core_input_specs(spec)]
+        self.serve = tf.function(self._serve, input_signature=core_input_specs(spec))
+
+    def _serve(self, *tensors: tf.Tensor) -> dict[str, tf.Tensor]:
+        features = {}
+        for name, tensor in zip(self._names, tensors, strict=True):
+            dtype = self.model.get_layer(name).dtype if name in self.model.input_names else tensor.dtype
+            features[name] = tf.cast(tensor, dtype) if tensor.dtype != dtype else tensor
+        return {SERVING_OUTPUT: tf.reshape(self.model(features), [-1])}
+
+
+def save_core_model(model: tf.keras.Model, spec: dict[str, Any], export_dir: str) -> CoreModule:
+    """A SavedModel of the model over transformed features: what TFLite and TF.js convert from."""
+    module = CoreModule(model, spec)
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": module.serve.get_concrete_function()})
+    return module
+
+
+def export_saved_model(serving_model_dir: str, export_dir: str) -> None:
+    """The SavedModel as TF Serving loads it (raw features in, Transform graph inside), copied unchanged."""
+    shutil.copytree(serving_model_dir, export_dir, dirs_exist_ok=True)
+
+
+def export_tflite(
+    core_saved_model: str,
+    variant: str,
+    path: str,
+    representative_inputs: Callable[[], Iterator[dict[str, np.ndarray]]] | None = None,
+) -> None:
+    """float32: as trained. dynamic: int8 weights, float activations. float16: float16 weights.
+    int8: int8 weights and activations, ranges calibrated on `representative_inputs` (transformed training rows);
+    the inputs and the output stay float32 / int32 so the request does not change."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(core_saved_model)
+    if variant in ("dynamic", "float16", "int8"):
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if variant == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    if variant == "int8":
+        if representative_inputs is None:
+            raise ValueError("int8 quantization needs representative inputs to calibrate its ranges.")
+        converter.representative_dataset = representative_inputs
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    Path(path).write_bytes(converter.convert())
+
+
+def export_onnx(module: CoreModule, spec: dict[str, Any], path: str, opset: int) -> None:
+    """tf2onnx from the model's function; `onnx.checker` must accept the result."""
+    import onnx
+    import tf2onnx
+
+    model_proto, _ = tf2onnx.convert.from_function(
+        module.serve, input_signature=core_input_specs(spec), opset=opset, output_path=path
+    )
+    onnx.checker.check_model(model_proto, full_check=True)
+
+
+def export_tfjs(core_saved_model: str, export_dir: str) -> None:
+    """A TF.js graph model from the tensorflowjs converter (run as its command, as a user would)."""
+    command = [
+        sys.executable, "-m", "tensorflowjs.converters.converter",
+        "--input_format=tf_saved_model", "--output_format=tfjs_graph_model",
+        "--signature_name=serving_default", "--saved_model_tags=serve",
+        core_saved_model, export_dir,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if result.returncode != 0:
+        raise RuntimeError(f"the tensorflowjs converter failed: {result.stderr.strip()[-2000:]}")
+    for path in JS_FILES:
+        shutil.copy(path, export_dir)
+
+
+def ship_preprocessing(spec_path: str, folder: str, language: str) -> None:
+    """Copies the spec (and, for Python runtimes, preprocessing.py) into an exported folder."""
+    shutil.copy(spec_path, folder)
+    if language == "python":
+        shutil.copy(PYTHON_PREPROCESSING, folder)

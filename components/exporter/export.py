@@ -1,0 +1,172 @@
+"""Exports every configured format into one version folder, runs each in its runtime, and gates on agreement.
+
+Layout of `output_dir` (what the Pusher copies to <serving base>/<version>/):
+  saved_model.pb, variables/, assets/   the SavedModel TF Serving loads (raw features in)
+  tflite/model_<variant>.tflite         + preprocessing.json, preprocessing.py
+  onnx/model.onnx                       + preprocessing.json, preprocessing.py
+  tfjs/model.json, group1-shard*.bin    + preprocessing.json, preprocessing.mjs, predict.mjs
+  export_report.json, export_report.html
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from sklearn.metrics import roc_auc_score
+
+from components.exporter import convert, report
+from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
+from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
+
+FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
+
+
+class ExportGateError(RuntimeError):
+    """An exported format disagrees with the SavedModel beyond its threshold; nothing may be pushed."""
+
+
+@dataclass
+class EvalData:
+    """Raw eval rows in the request form, their labels, and raw training rows for int8 calibration."""
+    columns: dict[str, np.ndarray]
+    labels: np.ndarray
+    representative: dict[str, np.ndarray]
+
+
+def _file_size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _metrics(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    auc = float(roc_auc_score(labels, probabilities)) if len(set(labels.tolist())) > 1 else float("nan")
+    return {"auc": auc, "accuracy": float(np.mean((probabilities >= 0.5) == (labels == 1)))}
+
+
+def _representative(spec: dict[str, Any], columns: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    features = preprocess(spec, columns)
+    for i in range(len(next(iter(features.values())))):
+        yield {name: values[i : i + 1] for name, values in features.items()}
+
+
+def export_formats(
+    serving_model_dir: str,
+    model: tf.keras.Model,
+    spec: dict[str, Any],
+    output_dir: str,
+    options: dict[str, Any],
+    representative: dict[str, np.ndarray] | None = None,
+) -> dict[str, tuple[Path, Runner]]:
+    """Writes every configured format under `output_dir`; returns each artifact's path and a runner for it.
+    `representative`: raw training rows (request form) that int8 quantization calibrates on."""
+    out = Path(output_dir)
+    formats, variants = options["formats"], options["tflite_variants"]
+    convert.export_saved_model(serving_model_dir, output_dir)
+    artifacts: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir))}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = os.path.join(tmp, SPEC_FILE)
+        save_spec(spec, spec_path)
+        core_dir = os.path.join(tmp, "core")
+        module = convert.save_core_model(model, spec, core_dir)
+        if "tflite" in formats:
+            folder = out / "tflite"
+            folder.mkdir(parents=True, exist_ok=True)
+            convert.ship_preprocessing(spec_path, str(folder), "python")
+            for variant in variants:
+                started = time.perf_counter()
+                path = folder / f"model_{variant}.tflite"
+                calibration = (lambda: _representative(spec, representative)) if representative is not None else None
+                convert.export_tflite(core_dir, variant, str(path), calibration)
+                artifacts[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
+                logging.info("TFLite %s: %d bytes in %.1fs", variant, path.stat().st_size,
+                             time.perf_counter() - started)
+        if "onnx" in formats:
+            folder = out / "onnx"
+            folder.mkdir(parents=True, exist_ok=True)
+            convert.ship_preprocessing(spec_path, str(folder), "python")
+            path = folder / "model.onnx"
+            convert.export_onnx(module, spec, str(path), options["onnx_opset"])
+            artifacts["onnx"] = (path, OnnxRunner(str(path), spec))
+            logging.info("ONNX (opset %d): %d bytes", options["onnx_opset"], path.stat().st_size)
+        if "tfjs" in formats:
+            folder = out / "tfjs"
+            convert.export_tfjs(core_dir, str(folder))
+            convert.ship_preprocessing(spec_path, str(folder), "javascript")
+            artifacts["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR))
+            logging.info("TF.js graph model: %d bytes", _file_size(folder))
+    return artifacts
+
+
+def verify(
+    artifacts: dict[str, tuple[Path, Runner]], data: EvalData, options: dict[str, Any]
+) -> dict[str, Any]:
+    """Runs every artifact on the eval rows against the SavedModel; returns the report, `passed` included."""
+    reference = artifacts["saved_model"][1].predict(data.columns)
+    reference_metrics = _metrics(reference, data.labels)
+    rows = []
+    for name, (path, runner) in artifacts.items():
+        started = time.perf_counter()
+        probabilities = runner.predict(data.columns)
+        latency = runner.latency_ms(data.columns, options["latency_rows"])
+        metrics = _metrics(probabilities, data.labels)
+        diff = float(np.max(np.abs(probabilities - reference)))
+        if name in FLOAT_ARTIFACTS:
+            check = {"figure": "max_abs_diff", "value": diff, "threshold": options["max_abs_diff"],
+                     "config_key": "export.max_abs_diff", "passed": diff <= options["max_abs_diff"]}
+        else:
+            drop = reference_metrics["auc"] - metrics["auc"]
+            check = {"figure": "auc_drop", "value": drop, "threshold": options["max_quantized_auc_drop"],
+                     "config_key": "export.max_quantized_auc_drop",
+                     "passed": drop <= options["max_quantized_auc_drop"]}
+        rows.append({
+            "artifact": name, "path": str(path), "size_bytes": _file_size(path), "max_abs_diff": diff, **metrics,
+            "latency_ms_p50": float(np.median(latency)), "check": check,
+        })
+        logging.info("verified %s in %.1fs: max |diff| %.2e, AUC %.4f, p50 %.3f ms", name,
+                     time.perf_counter() - started, diff, metrics["auc"], rows[-1]["latency_ms_p50"])
+    return {
+        "eval_rows": int(len(data.labels)),
+        "reference": {"artifact": "saved_model", **reference_metrics},
+        "artifacts": rows,
+        "passed": all(r["check"]["passed"] for r in rows),
+    }
+
+
+def gate_message(result: dict[str, Any]) -> str:
+    failures = []
+    for row in result["artifacts"]:
+        check = row["check"]
+        if not check["passed"]:
+            failures.append(f"{row['artifact']}: {check['figure']} {check['value']:.6g} is above the threshold "
+                            f"{check['threshold']:g} ({check['config_key']})")
+    return "; ".join(failures)
+
+
+def export_and_verify(
+    serving_model_dir: str,
+    model: tf.keras.Model,
+    spec: dict[str, Any],
+    data: EvalData,
+    output_dir: str,
+    options: dict[str, Any],
+    optimization: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Exporter's work: every format under `output_dir`, verified, with export_report.json/html beside them.
+    Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
+    started = time.perf_counter()
+    artifacts = export_formats(serving_model_dir, model, spec, output_dir, options, data.representative)
+    result = verify(artifacts, data, options)
+    result["optimization"] = optimization or {}
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    report.write(result, output_dir)
+    if not result["passed"]:
+        raise ExportGateError(f"export verification failed, nothing is pushed: {gate_message(result)}. "
+                              f"Report: {os.path.join(output_dir, report.JSON_FILE)}")
+    return result

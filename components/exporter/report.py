@@ -1,0 +1,86 @@
+"""export_report.json and export_report.html: size, agreement, AUC and latency of every exported format."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from typing import Any
+
+JSON_FILE = "export_report.json"
+HTML_FILE = "export_report.html"
+
+
+def table_lines(result: dict[str, Any]) -> list[str]:
+    """The report as a plain-text table, for logs and the run summary."""
+    lines = [f"{'artifact':<16}{'size KiB':>10}{'max |diff|':>12}{'AUC':>8}{'accuracy':>10}{'p50 ms':>9}  check"]
+    for row in result["artifacts"]:
+        check = row["check"]
+        verdict = "ok" if check["passed"] else "FAILED"
+        lines.append(
+            f"{row['artifact']:<16}{row['size_bytes'] / 1024:>10.1f}{row['max_abs_diff']:>12.2e}{row['auc']:>8.4f}"
+            f"{row['accuracy']:>10.4f}{row['latency_ms_p50']:>9.3f}  {check['figure']} {check['value']:.2e} <= "
+            f"{check['threshold']:g} {verdict}"
+        )
+    return lines
+
+
+def _chart(result: dict[str, Any]) -> str:
+    """Size and median latency per artifact as two bar charts, a base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["artifact"] for r in result["artifacts"]]
+    colors = ["#4c72b0" if r["check"]["passed"] else "#c44e52" for r in result["artifacts"]]
+    fig, (size_ax, latency_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    size_ax.barh(names, [r["size_bytes"] / 1024 for r in result["artifacts"]], color=colors)
+    size_ax.set_xlabel("size (KiB)")
+    latency_ax.barh(names, [r["latency_ms_p50"] for r in result["artifacts"]], color=colors)
+    latency_ax.set_xlabel("median single-row latency (ms), preprocessing included")
+    latency_ax.set_yticklabels([])
+    for ax in (size_ax, latency_ax):
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _html(result: dict[str, Any]) -> str:
+    head = ("<tr><th>artifact</th><th>size KiB</th><th>max |diff| vs SavedModel</th><th>AUC</th><th>accuracy</th>"
+            "<th>p50 latency ms</th><th>check</th></tr>")
+    body = []
+    for row in result["artifacts"]:
+        check = row["check"]
+        style = "" if check["passed"] else ' style="background:#fdd"'
+        body.append(
+            f"<tr{style}><td>{html.escape(row['artifact'])}</td><td>{row['size_bytes'] / 1024:.1f}</td>"
+            f"<td>{row['max_abs_diff']:.2e}</td><td>{row['auc']:.4f}</td><td>{row['accuracy']:.4f}</td>"
+            f"<td>{row['latency_ms_p50']:.3f}</td><td>{check['figure']} {check['value']:.2e} &le; "
+            f"{check['threshold']:g} ({check['config_key']}): {'passed' if check['passed'] else 'FAILED'}</td></tr>"
+        )
+    optimization = result.get("optimization") or {}
+    opt_html = f"<h2>Optimization</h2><pre>{html.escape(json.dumps(optimization, indent=1))}</pre>" if optimization \
+        else ""
+    verdict = "all formats agree with the SavedModel" if result["passed"] else "FAILED: nothing is pushed"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Export report</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}</style></head>
+<body><h1>Export report: {verdict}</h1>
+<p>{result['eval_rows']} eval rows; SavedModel AUC {result['reference']['auc']:.4f}, accuracy
+{result['reference']['accuracy']:.4f}. Every format received the same raw rows.</p>
+<table>{head}{''.join(body)}</table>
+<img alt="size and latency per format" src="data:image/png;base64,{_chart(result)}">
+{opt_html}</body></html>"""
+
+
+def write(result: dict[str, Any], output_dir: str) -> None:
+    with open(os.path.join(output_dir, JSON_FILE), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(output_dir, HTML_FILE), "w") as f:
+        f.write(_html(result))

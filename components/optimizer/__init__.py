@@ -1,0 +1,1 @@
+"""Optimizer: distils and prunes the trained Keras model before evaluation and export."""

@@ -1,0 +1,299 @@
+"""Model optimization behind the Optimizer component: distillation into a smaller student, magnitude pruning of
+the Dense kernels, and the figures (AUC, sparsity, compressed size) that show what each stage cost and saved.
+
+Plain functions over Keras models and tf.data datasets of (transformed features dict, label) batches; the
+component's executor is the only caller that knows about artifacts.
+"""
+from __future__ import annotations
+
+import copy
+import gzip
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_model_optimization as tfmot
+from absl import logging
+from sklearn.metrics import roc_auc_score
+
+# Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
+_PROB_EPSILON = 1e-7
+# The fraction of the fine-tuning steps over which the sparsity ramps up; the rest trains at the final sparsity.
+_RAMP_FRACTION = 0.7
+
+
+class OptimizationGateError(ValueError):
+    """Pruning cost more eval AUC than optimize.max_auc_drop allows; `report` holds every figure measured."""
+
+    def __init__(self, message: str, report: dict[str, Any]):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class OptimizationResult:
+    model: tf.keras.Model
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _dense_layers(model: tf.keras.Model) -> list[tf.keras.layers.Dense]:
+    return [layer for layer in model.layers if isinstance(layer, tf.keras.layers.Dense)]
+
+
+def kernel_sparsity(model: tf.keras.Model) -> dict[str, float]:
+    """Fraction of exact zeros in each Dense kernel, by layer name."""
+    return {layer.name: float(np.mean(layer.kernel.numpy() == 0)) for layer in _dense_layers(model)}
+
+
+def gzip_size(model: tf.keras.Model) -> int:
+    """Bytes of the model's weights saved as HDF5 and gzipped: zeroed weights compress, dense ones hardly do."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "weights.h5")
+        model.save_weights(path)
+        with open(path, "rb") as f:
+            return len(gzip.compress(f.read(), compresslevel=9))
+
+
+def nonzero_parameters(model: tf.keras.Model) -> int:
+    return int(sum(np.count_nonzero(w) for w in model.get_weights()))
+
+
+def evaluate(model: tf.keras.Model, dataset: tf.data.Dataset, steps: int | None = None) -> dict[str, float]:
+    """Eval AUC and accuracy (threshold 0.5) over every row of `dataset`, or of its first `steps` batches.
+
+    `dataset` yields (features, label) batches and must be finite unless `steps` is given.
+    """
+    if steps is not None:
+        dataset = dataset.take(steps)
+    labels, scores = [], []
+    for features, label in dataset:
+        scores.append(np.reshape(model(features, training=False).numpy(), -1))
+        labels.append(np.reshape(label.numpy(), -1))
+    if not labels:
+        raise ValueError("the evaluation data is empty; check the eval split of the transformed examples.")
+    y = np.concatenate(labels).astype(np.int64)
+    p = np.concatenate(scores).astype(np.float64)
+    if np.unique(y).size < 2:
+        raise ValueError(f"the evaluation data holds only one class ({int(y.sum())} positives of {y.size} rows), "
+                         "so AUC is undefined; check the eval split and the label settings.")
+    return {"auc": float(roc_auc_score(y, p)), "accuracy": float(np.mean((p > 0.5) == (y == 1))), "rows": int(y.size)}
+
+
+def _pruning_schedule(target_sparsity: float, steps: int) -> tfmot.sparsity.keras.PolynomialDecay:
+    # Masks update every `frequency` steps only, so end_step must be a multiple of it for the last update to
+    # land on the final target; the pruning step counts 1..steps, so end_step <= steps is always reached.
+    frequency = max(1, steps // 20)
+    end_step = min(steps, frequency * max(1, round(_RAMP_FRACTION * steps / frequency)))
+    return tfmot.sparsity.keras.PolynomialDecay(
+        initial_sparsity=0.0, final_sparsity=target_sparsity, begin_step=0, end_step=end_step, frequency=frequency
+    )
+
+
+def prune_model(
+    model: tf.keras.Model,
+    train: tf.data.Dataset,
+    *,
+    target_sparsity: float,
+    steps: int,
+    learning_rate: float,
+    seed: int,
+    class_weight: dict[int, float] | None = None,
+) -> tf.keras.Model:
+    """A copy of `model` whose Dense kernels are `target_sparsity` zeros, fine-tuned `steps` batches of `train`.
+
+    Embeddings stay dense: their tables are small and ids are few, so they could not hit the target exactly and
+    zeroing rows would erase whole categories. The input model is left untouched; the result has its inputs and
+    output (names, dtypes, shapes), so it exports like the Trainer's model.
+    """
+    if not 0.0 < target_sparsity < 1.0:
+        raise ValueError(f"target_sparsity must be between 0 and 1, got {target_sparsity}.")
+    if steps < 1:
+        raise ValueError(f"pruning needs at least one fine-tuning step, got {steps}.")
+    if not _dense_layers(model):
+        raise ValueError("the model has no Dense layer to prune.")
+    tf.keras.utils.set_random_seed(seed)
+    # The wrappers below reuse the layers they wrap, so they wrap a copy: fine-tuning must not alter `model`.
+    detached = tf.keras.models.clone_model(model)
+    detached.set_weights(model.get_weights())
+    schedule = _pruning_schedule(target_sparsity, steps)
+
+    def wrap_dense(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
+        if isinstance(layer, tf.keras.layers.Dense):
+            return tfmot.sparsity.keras.prune_low_magnitude(layer, pruning_schedule=schedule)
+        return layer
+
+    wrapped = tf.keras.models.clone_model(detached, clone_function=wrap_dense)
+    wrapped.compile(optimizer=tf.keras.optimizers.Adam(learning_rate), loss=tf.keras.losses.BinaryCrossentropy())
+    logging.info("pruning: %d fine-tuning steps, sparsity 0 -> %.2f by step %d (mask update every %d steps)",
+                 steps, target_sparsity, schedule.end_step, schedule.frequency)
+    history = wrapped.fit(
+        train,
+        epochs=1,
+        steps_per_epoch=steps,
+        class_weight=class_weight,
+        # Advances the schedule every batch and re-applies the masks at the end, after the last weight update.
+        callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
+        verbose=0,
+    )
+    logging.info("pruning: fine-tuning loss %.4f", history.history["loss"][-1])
+    return tfmot.sparsity.keras.strip_pruning(wrapped)
+
+
+def _logit(probability: tf.Tensor) -> tf.Tensor:
+    p = tf.clip_by_value(tf.cast(probability, tf.float32), _PROB_EPSILON, 1.0 - _PROB_EPSILON)
+    return tf.math.log(p) - tf.math.log1p(-p)
+
+
+def distill_model(
+    teacher: tf.keras.Model,
+    train: tf.data.Dataset,
+    *,
+    build_student: Callable[[], tf.keras.Model],
+    temperature: float,
+    alpha: float,
+    steps: int,
+    learning_rate: float,
+    seed: int,
+    class_weight: dict[int, float] | None = None,
+) -> tf.keras.Model:
+    """A student from `build_student()` trained `steps` batches on the labels and on the frozen teacher's
+    softened predictions: alpha * BCE(label, student) + (1 - alpha) * T^2 * BCE(teacher_T, student_T),
+    where x_T = sigmoid(logit(x) / T). The T^2 keeps the soft term's gradients comparable across temperatures."""
+    if steps < 1 or temperature <= 0 or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"distillation needs steps >= 1, temperature > 0 and alpha in [0, 1]; got steps={steps}, "
+                         f"temperature={temperature}, alpha={alpha}.")
+    tf.keras.utils.set_random_seed(seed)
+    student = build_student()
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
+    weights = None if not class_weight else tf.constant([class_weight[0], class_weight[1]], tf.float32)
+    temperature_t = tf.constant(temperature, tf.float32)
+
+    @tf.function(reduce_retracing=True)
+    def train_step(features: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
+        labels = tf.cast(tf.reshape(labels, [-1, 1]), tf.float32)
+        soft_targets = tf.sigmoid(_logit(teacher(features, training=False)) / temperature_t)
+        with tf.GradientTape() as tape:
+            probability = tf.cast(student(features, training=True), tf.float32)
+            hard = tf.keras.losses.binary_crossentropy(labels, probability)
+            soft = tf.keras.losses.binary_crossentropy(
+                soft_targets, _logit(probability) / temperature_t, from_logits=True
+            )
+            per_example = alpha * hard + (1.0 - alpha) * temperature_t**2 * soft
+            if weights is not None:
+                # Like Keras' class_weight in the Trainer: each example's loss scaled by its class's weight.
+                per_example *= tf.gather(weights, tf.cast(tf.reshape(labels, [-1]), tf.int32))
+            loss = tf.reduce_mean(per_example)
+            if student.losses:
+                loss += tf.add_n(student.losses)
+        variables = student.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+        return loss
+
+    log_every = max(1, steps // 5)
+    done = 0
+    for features, labels in train.take(steps):
+        loss = train_step(features, labels)
+        done += 1
+        if done % log_every == 0 or done == steps:
+            logging.info("distillation: step %d of %d, loss %.4f", done, steps, float(loss))
+    if done < steps:
+        logging.warning("distillation: the training data ran out after %d of %d steps", done, steps)
+    return student
+
+
+def _describe(model: tf.keras.Model, metrics: dict[str, float]) -> dict[str, Any]:
+    return {
+        **metrics,
+        "parameters": int(model.count_params()),
+        "nonzero_parameters": nonzero_parameters(model),
+        "gzip_bytes": gzip_size(model),
+        "dense_units": [int(layer.units) for layer in _dense_layers(model)],
+        "kernel_sparsity": kernel_sparsity(model),
+    }
+
+
+def optimize(
+    model: tf.keras.Model,
+    train: tf.data.Dataset,
+    evaluation: tf.data.Dataset,
+    options: dict[str, Any],
+    build_student: Callable[[], tf.keras.Model],
+    *,
+    seed: int = 42,
+    class_weight: dict[int, float] | None = None,
+) -> OptimizationResult:
+    """Distils (when options["distill"]["enabled"]), then prunes (when options["prune"]) the trained `model`.
+
+    `options` is the module config's "optimize" section (pipeline.config.OptimizeConfig as a dict); `train`
+    repeats, `evaluation` is finite. With nothing enabled the same model object comes back. Raises
+    OptimizationGateError when pruning lowers eval AUC by more than options["max_auc_drop"].
+    """
+    settings = copy.deepcopy(options)
+    distill = options["distill"]
+    if not distill["enabled"] and not options["prune"]:
+        logging.info("optimizer: nothing to do (optimize.prune is false, optimize.distill.enabled is false)")
+        return OptimizationResult(model, {
+            "stages": [],
+            "summary": {"output_stage": "input"},
+            "note": "nothing done: optimize.prune is false and optimize.distill.enabled is false, so the trained "
+                       "model passes through unchanged.",
+            "settings": settings,
+        })
+
+    report: dict[str, Any] = {"stages": [], "settings": settings}
+    report["input"] = _describe(model, evaluate(model, evaluation))
+    logging.info("optimizer: input model eval AUC %.4f, accuracy %.4f, %d parameters, %d gzipped bytes",
+                 report["input"]["auc"], report["input"]["accuracy"], report["input"]["parameters"],
+                 report["input"]["gzip_bytes"])
+    current, current_stage = model, "input"
+
+    if distill["enabled"]:
+        logging.info("optimizer: distilling into a student with hidden units %s", distill["hidden_units"])
+        current = distill_model(
+            model, train, build_student=build_student, temperature=distill["temperature"], alpha=distill["alpha"],
+            steps=distill["steps"], learning_rate=distill["learning_rate"], seed=seed, class_weight=class_weight,
+        )
+        current_stage = "distilled"
+        report["distilled"] = _describe(current, evaluate(current, evaluation))
+        report["stages"].append("distill")
+        logging.info("optimizer: student eval AUC %.4f (teacher %.4f), %d parameters (teacher %d)",
+                     report["distilled"]["auc"], report["input"]["auc"], report["distilled"]["parameters"],
+                     report["input"]["parameters"])
+
+    if options["prune"]:
+        before = report[current_stage]["auc"]
+        pruned = prune_model(
+            current, train, target_sparsity=options["target_sparsity"], steps=options["fine_tune_steps"],
+            learning_rate=options["learning_rate"], seed=seed, class_weight=class_weight,
+        )
+        stats = _describe(pruned, evaluate(pruned, evaluation))
+        stats["pruned_from"] = current_stage
+        stats["auc_drop"] = before - stats["auc"]
+        report["pruned"] = stats
+        report["stages"].append("prune")
+        logging.info("optimizer: pruned eval AUC %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
+                     "bytes", stats["auc"], before, stats["kernel_sparsity"], report[current_stage]["gzip_bytes"],
+                     stats["gzip_bytes"])
+        if stats["auc_drop"] > options["max_auc_drop"]:
+            report["summary"] = _summary(report, "input", "pruned")
+            raise OptimizationGateError(
+                f"pruning to {options['target_sparsity']:.0%} sparsity lowered the eval AUC by "
+                f"{stats['auc_drop']:.4f} ({before:.4f} to {stats['auc']:.4f}), more than "
+                f"optimize.max_auc_drop={options['max_auc_drop']}; allow a larger drop with optimize.max_auc_drop "
+                "or fine-tune longer with optimize.fine_tune_steps.",
+                report,
+            )
+        current, current_stage = pruned, "pruned"
+
+    report["summary"] = _summary(report, "input", current_stage)
+    return OptimizationResult(current, report)
+
+
+def _summary(report: dict[str, Any], first: str, last: str) -> dict[str, Any]:
+    keys = ("auc", "accuracy", "parameters", "nonzero_parameters", "gzip_bytes")
+    return {"output_stage": last, **{f"{key}_before": report[first][key] for key in keys},
+            **{f"{key}_after": report[last][key] for key in keys}}

@@ -3,9 +3,13 @@
 FROM python:3.10-slim-bookworm
 
 WORKDIR /app
+# Node.js runs the exported TF.js model when the Exporter verifies it.
+RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir "uv==0.13.9"
 COPY requirements.lock ./
 RUN uv pip sync --system --compile-bytecode requirements.lock
+COPY components/exporter/node/package.json components/exporter/node/package-lock.json ./components/exporter/node/
+RUN cd components/exporter/node && npm ci --no-audit --no-fund --ignore-scripts
 COPY setup.py README.md ./
 COPY pipeline ./pipeline
 COPY components ./components

@@ -177,7 +177,8 @@ class ExportConfig:
     max_abs_diff: float = 1e-4
     # ... and the quantized TFLite variants (dynamic, float16, int8) may lose at most this much eval AUC.
     max_quantized_auc_drop: float = 0.01
-    # Most eval rows every artifact is run on (all of them when the eval split is smaller), and how many of them are timed one by one for latency.
+    # Most eval rows every artifact runs on (all when the eval split is smaller), and how many of them are timed
+    # one row at a time for latency.
     eval_rows: int = 2000
     latency_rows: int = 200
     onnx_opset: int = 17

@@ -11,7 +11,9 @@ from tfx.dsl.components.base import executor_spec
 
 from components.baseline import PreviousBlessedModelStrategy
 from components.distributed.executor import DistributedTrainerExecutor
+from components.exporter.component import Exporter
 from components.gates.component import DataValidationGate
+from components.optimizer.component import Optimizer
 from pipeline.config import PipelineConfig
 from pipeline.data import resolve_data_dir
 
@@ -95,7 +97,10 @@ def beam_args(config: PipelineConfig) -> list[str]:
 
 def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines."""
-    module_config = {**config.module_config(), "code_fingerprint": code_fingerprint()}
+    full_config = {**config.module_config(), "code_fingerprint": code_fingerprint()}
+    # Each component gets the sections it reads, so that editing a later stage's settings keeps earlier ones cached.
+    transform_config = {k: full_config[k] for k in ("features", "label", "transform", "code_fingerprint")}
+    module_config = {k: v for k, v in full_config.items() if k not in ("optimize", "export")}
     example_gen = tfx.components.CsvExampleGen(
         input_base=str(resolve_data_dir(config.data.path)),
         input_config=tfx.proto.Input(splits=[tfx.proto.Input.Split(name="single_split", pattern="*.csv")]),
@@ -118,7 +123,7 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
-        custom_config=module_config,
+        custom_config=transform_config,
     )
     transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]
@@ -148,26 +153,41 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         # TFX's own executor for one local worker; N worker processes or a TFJob otherwise.
         custom_executor_spec=executor_spec.ExecutorClassSpec(DistributedTrainerExecutor),
     )
+    # The Evaluator judges the model that ships: after distillation and pruning.
+    optimizer = Optimizer(
+        model=trainer.outputs["model"],
+        transform_graph=transform.outputs["transform_graph"],
+        examples=transform.outputs["transformed_examples"],
+        custom_config={**module_config, "optimize": full_config["optimize"]},
+    ).with_id("Optimizer")
     model_resolver = tfx.dsl.Resolver(
         strategy_class=PreviousBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-        candidate=trainer.outputs["model"],
+        candidate=optimizer.outputs["optimized_model"],
     ).with_id("BaselineModelResolver")
     evaluator = tfx.components.Evaluator(
         examples=example_gen.outputs["examples"],
-        model=trainer.outputs["model"],
+        model=optimizer.outputs["optimized_model"],
         baseline_model=model_resolver.outputs["model"],
         eval_config=eval_config(config),
     )
+    # The gate between the blessing and the push: every format, verified against the SavedModel.
+    exporter = Exporter(
+        model=optimizer.outputs["optimized_model"],
+        model_blessing=evaluator.outputs["blessing"],
+        transform_graph=transform.outputs["transform_graph"],
+        examples=example_gen.outputs["examples"],
+        custom_config={**module_config, "export": full_config["export"]},
+    ).with_id("Exporter")
     pusher = tfx.components.Pusher(
-        model=trainer.outputs["model"],
+        model=exporter.outputs["exported_model"],
         model_blessing=evaluator.outputs["blessing"],
         push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=os.path.abspath(config.serving_dir))
         ),
     )
-    components += [trainer, model_resolver, evaluator, pusher]
+    components += [trainer, optimizer, model_resolver, evaluator, exporter, pusher]
 
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,

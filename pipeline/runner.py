@@ -112,7 +112,23 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
     for name in ("auc", "binary_accuracy", "precision", "recall", "calibration", "example_count"):
         if name in m:
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
+    pruned = summary.optimization.get("pruned")
+    if pruned:
+        before = summary.optimization[pruned["pruned_from"]]
+        sparsity = ", ".join(f"{k} {v:.3f}" for k, v in pruned["kernel_sparsity"].items())
+        print(f"  pruned        AUC {before['auc']:.4f} -> {pruned['auc']:.4f}, gzip {before['gzip_bytes']} -> "
+              f"{pruned['gzip_bytes']} bytes, sparsity {sparsity}", file=out)
+    if "distilled" in summary.optimization:
+        student, teacher = summary.optimization["distilled"], summary.optimization["input"]
+        print(f"  distilled     AUC {teacher['auc']:.4f} -> {student['auc']:.4f}, parameters "
+              f"{teacher['parameters']} -> {student['parameters']}", file=out)
     print(f"  blessed       {summary.blessed}", file=out)
+    if summary.export:
+        from components.exporter.report import table_lines
+
+        print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
+        for line in table_lines(summary.export):
+            print(f"    {line}", file=out)
     print(f"  pushed        {summary.pushed_path or 'nothing (not blessed)'}", file=out)
     print(f"  report        {html_path}", file=out, flush=True)
 

@@ -23,6 +23,9 @@ class RunSummary:
     pushed_path: str | None = None
     model_path: str | None = None
     evaluation_path: str | None = None
+    # The Optimizer's and the Exporter's reports (components/optimizer, components/exporter), when they ran.
+    optimization: dict[str, Any] = field(default_factory=dict)
+    export: dict[str, Any] = field(default_factory=dict)
     cached_stages: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
@@ -91,8 +94,25 @@ def latest_run(metadata_path: str, pipeline_name: str) -> RunSummary:
             if "pushed" in props and props["pushed"].int_value:
                 summary.pushed_path = props["pushed_destination"].string_value
         elif kind == "Model":
-            summary.model_path = artifact.uri
+            _read_model_reports(summary, artifact.uri)
     return summary
+
+
+def _read_model_reports(summary: RunSummary, uri: str) -> None:
+    from components.exporter.report import JSON_FILE
+    from components.optimizer.executor import REPORT_FILE as OPTIMIZATION_REPORT
+
+    export_report = os.path.join(uri, "Format-Serving", JSON_FILE)
+    optimization_report = os.path.join(uri, OPTIMIZATION_REPORT)
+    if os.path.exists(export_report):
+        with open(export_report) as f:
+            summary.export = json.load(f)
+        summary.model_path = uri
+    elif os.path.exists(optimization_report):
+        with open(optimization_report) as f:
+            summary.optimization = json.load(f)
+    if summary.model_path is None:
+        summary.model_path = uri
 
 
 def write_report(summary: RunSummary, folder: str) -> tuple[str, str]:
@@ -109,12 +129,18 @@ def write_report(summary: RunSummary, folder: str) -> tuple[str, str]:
         )
         for name, m in rows
     )
+    export = ""
+    if summary.export:
+        from components.exporter.report import table_lines
+
+        export = "<h2>Exported formats</h2><pre>{}</pre>".format(html.escape("\n".join(table_lines(summary.export))))
     page = (
         "<!doctype html><meta charset='utf-8'><title>Run {run}</title>"
         "<style>body{{font-family:sans-serif}}td,th{{padding:2px 8px;text-align:right}}</style>"
         "<h1>Run {run}</h1><p>blessed: {blessed} &middot; pushed: {pushed}</p>"
-        "<table><tr><th>slice</th>{head}</tr>{table}</table>"
+        "<table><tr><th>slice</th>{head}</tr>{table}</table>{export}"
     ).format(
+        export=export,
         run=html.escape(summary.run_id),
         blessed=summary.blessed,
         pushed=html.escape(str(summary.pushed_path)),

@@ -28,6 +28,8 @@ def small_overrides(data_dir: Path, output_root: Path, *extra: str) -> list[str]
         "training.eval_steps=10",
         "training.batch_size=64",
         "beam.direct_running_mode=in_memory",
+        "optimize.fine_tune_steps=120",
+        "export.latency_rows=50",
         *extra,
     ]
 

@@ -1,5 +1,6 @@
-"""The whole pipeline on 2,000 rows: a blessed model pushed to a TF Serving repository, a cached second run,
-and a corrupted CSV stopped by the data-validation gate with nothing pushed."""
+"""The whole pipeline on 2,000 rows: a pruned, blessed model pushed to a TF Serving repository in four verified
+formats, a cached second run, an export gate that stops the push, and a corrupted CSV stopped by the
+data-validation gate with nothing pushed."""
 import csv
 import dataclasses
 import json
@@ -17,7 +18,11 @@ from pipeline.runner import run_local
 from tests.conftest import as_cli_flags, small_config, small_overrides
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
-             "Transform", "Tuner", "Trainer", "Evaluator", "Pusher"]
+             "Transform", "Tuner", "Trainer", "Optimizer", "Evaluator", "Exporter", "Pusher"]
+EXPORTED_FILES = ["saved_model.pb", "variables/variables.index", "tflite/model_float32.tflite",
+                  "tflite/model_dynamic.tflite", "tflite/model_float16.tflite", "tflite/model_int8.tflite",
+                  "tflite/preprocessing.json", "onnx/model.onnx", "onnx/preprocessing.json", "tfjs/model.json",
+                  "tfjs/preprocessing.json", "tfjs/preprocessing.mjs", "export_report.json", "export_report.html"]
 
 
 # The Tuner is on in these runs so that its hand-over to the Trainer is covered too.
@@ -58,6 +63,36 @@ def test_first_run_blesses_and_pushes_a_version(first_and_second_run):
     assert (pushed / "saved_model.pb").exists()
     blessing = Path(config.pipeline_root, "Evaluator", "blessing")
     assert list(blessing.glob("*/BLESSED"))
+
+
+def test_pushed_version_holds_four_verified_formats(first_and_second_run):
+    _, first, _ = first_and_second_run
+    pushed = Path(first.pushed_path)
+    for path in EXPORTED_FILES:
+        assert (pushed / path).is_file(), path
+    report = json.loads((pushed / "export_report.json").read_text())
+    assert report["passed"] and report == first.export
+    artifacts = {row["artifact"]: row for row in report["artifacts"]}
+    assert set(artifacts) == {"saved_model", "tflite/float32", "tflite/dynamic", "tflite/float16", "tflite/int8",
+                              "onnx", "tfjs"}
+    assert report["eval_rows"] > 300
+    for name in ("tflite/float32", "onnx", "tfjs"):
+        assert artifacts[name]["max_abs_diff"] <= 1e-4, name
+    for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
+        assert artifacts[name]["auc"] >= report["reference"]["auc"] - 0.01, name
+
+
+def test_evaluated_and_pushed_model_is_the_pruned_one(first_and_second_run):
+    config, first, _ = first_and_second_run
+    pruned = first.optimization["pruned"]
+    assert first.optimization["stages"] == ["prune"]
+    for layer, sparsity in pruned["kernel_sparsity"].items():
+        assert abs(sparsity - config.optimize.target_sparsity) <= 0.01, layer
+    assert pruned["auc_drop"] <= config.optimize.max_auc_drop
+    assert pruned["gzip_bytes"] < first.optimization["input"]["gzip_bytes"]
+    kernels = [v.numpy() for v in tf.saved_model.load(first.pushed_path).model.variables if "dense" in v.name
+               and "kernel" in v.name]
+    assert kernels and all(abs(np.mean(k == 0) - config.optimize.target_sparsity) <= 0.01 for k in kernels)
 
 
 def test_pushed_model_answers_a_raw_feature_request(first_and_second_run, taxi_slice):
@@ -106,6 +141,18 @@ def test_run_then_serve_prints_rest_and_grpc_predictions(first_and_second_run, c
     assert 0 <= float(rest[0].split(": ")[1]) <= 1
     assert rest[0].split(": ")[1] == grpc[0].split(": ")[1]
     assert "server stopped" in out
+
+
+def test_export_gate_failure_pushes_nothing(first_and_second_run, capsys):
+    config, first, _ = first_and_second_run
+    # Every quantized variant "loses" more AUC than a negative allowance: the Exporter must fail and stop the push.
+    overrides = small_overrides(Path(config.data.path), Path(config.output_root), *TUNER,
+                                "export.max_quantized_auc_drop=-1")
+    assert cli.main(["run", *as_cli_flags(overrides)]) == 1
+    err = capsys.readouterr().err
+    assert "Exporter failed" in err and "nothing is pushed" in err
+    assert "tflite/int8: auc_drop" in err and "(export.max_quantized_auc_drop)" in err
+    assert os.listdir(config.serving_dir) == [Path(first.pushed_path).name]
 
 
 def corrupt(source: Path, target: Path) -> None:

@@ -4,9 +4,10 @@ import os
 from typing import Any
 
 from absl import logging
+from tfx.components.util import model_utils
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
-from tfx.utils import io_utils, model_utils, path_utils
+from tfx.utils import io_utils, json_utils, path_utils
 
 from components.exporter import report
 from components.exporter.data import load_eval_data
@@ -14,8 +15,7 @@ from components.exporter.export import export_and_verify
 from components.exporter.preprocessing import build_spec
 from components.features import FeatureLayout
 from components.model import load_keras_model
-
-OPTIMIZATION_REPORT = "optimization_report.json"
+from components.optimizer.executor import REPORT_FILE as OPTIMIZATION_REPORT
 
 
 class Executor(base_executor.BaseExecutor):
@@ -27,7 +27,7 @@ class Executor(base_executor.BaseExecutor):
         transform_graph = artifact_utils.get_single_instance(input_dict["transform_graph"])
         examples = input_dict["examples"]
         output = artifact_utils.get_single_instance(output_dict["exported_model"])
-        config = json.loads(exec_properties["custom_config"])
+        config = json_utils.loads(exec_properties["custom_config"])
         options = config["export"]
         output_dir = path_utils.serving_model_path(output.uri)
 

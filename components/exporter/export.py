@@ -41,8 +41,15 @@ class EvalData:
     representative: dict[str, np.ndarray]
 
 
-def _file_size(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def _model_size(name: str, path: Path) -> int:
+    """Bytes of the model itself: the SavedModel without the other formats beside it, TF.js without its scripts."""
+    if path.is_file():
+        return path.stat().st_size
+    if name == "saved_model":
+        files = [path / "saved_model.pb", *(path / "variables").rglob("*"), *(path / "assets").rglob("*")]
+    else:
+        files = [path / "model.json", *path.glob("*.bin")]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def _metrics(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -100,7 +107,7 @@ def export_formats(
             convert.export_tfjs(core_dir, str(folder))
             convert.ship_preprocessing(spec_path, str(folder), "javascript")
             artifacts["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR))
-            logging.info("TF.js graph model: %d bytes", _file_size(folder))
+            logging.info("TF.js graph model: %d bytes", _model_size("tfjs", folder))
     return artifacts
 
 
@@ -126,7 +133,7 @@ def verify(
                      "config_key": "export.max_quantized_auc_drop",
                      "passed": drop <= options["max_quantized_auc_drop"]}
         rows.append({
-            "artifact": name, "path": str(path), "size_bytes": _file_size(path), "max_abs_diff": diff, **metrics,
+            "artifact": name, "path": str(path), "size_bytes": _model_size(name, path), "max_abs_diff": diff, **metrics,
             "latency_ms_p50": float(np.median(latency)), "check": check,
         })
         logging.info("verified %s in %.1fs: max |diff| %.2e, AUC %.4f, p50 %.3f ms", name,

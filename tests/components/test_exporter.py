@@ -1,0 +1,157 @@
+"""Each converter on a small trained model: the artifact runs in its own runtime and agrees with the SavedModel;
+an artifact that disagrees fails the gate."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import tensorflow as tf
+
+from components.exporter import convert
+from components.exporter.export import EvalData, ExportGateError, export_and_verify
+from components.exporter.preprocessing import build_spec, preprocess, save_spec
+from components.exporter.runtimes import node_executable
+from pipeline.config import ExportConfig
+from tests.components.small_model import CUSTOM_CONFIG, build_small_model
+
+
+def options(**changes):
+    return {**dataclasses.asdict(ExportConfig()), "latency_rows": 20, **changes}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return build_small_model(tmp_path_factory.mktemp("small_model"))
+
+
+@pytest.fixture(scope="module")
+def spec(small):
+    return build_spec(small.transform_dir, CUSTOM_CONFIG)
+
+
+def eval_data(small):
+    return EvalData(small.columns, small.labels, small.train_columns)
+
+
+@pytest.fixture(scope="module")
+def exported(small, spec, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("version")
+    result = export_and_verify(small.serving_model_dir, small.model, spec, eval_data(small), str(output_dir), options())
+    return output_dir, result
+
+
+def test_every_format_runs_in_its_runtime_and_agrees(exported):
+    _, result = exported
+    rows = {row["artifact"]: row for row in result["artifacts"]}
+    assert set(rows) == {"saved_model", "tflite/float32", "tflite/dynamic", "tflite/float16", "tflite/int8", "onnx",
+                         "tfjs"}
+    assert result["passed"] and result["eval_rows"] == 1000
+    assert result["reference"]["auc"] > 0.8  # the model learned something, so AUC comparisons mean something
+    for name in ("tflite/float32", "onnx", "tfjs"):
+        assert rows[name]["max_abs_diff"] <= 1e-4, name
+    for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
+        assert rows[name]["auc"] >= result["reference"]["auc"] - 0.01, name
+    for row in rows.values():
+        assert row["size_bytes"] > 0 and row["latency_ms_p50"] > 0 and row["check"]["passed"]
+    assert rows["tflite/int8"]["size_bytes"] < rows["tflite/float32"]["size_bytes"]
+
+
+def test_version_folder_holds_every_format_beside_the_saved_model(exported):
+    output_dir, _ = exported
+    for path in ["saved_model.pb", "variables/variables.index", "tflite/model_float32.tflite",
+                 "tflite/model_int8.tflite", "tflite/preprocessing.json", "tflite/preprocessing.py", "onnx/model.onnx",
+                 "onnx/preprocessing.json", "tfjs/model.json", "tfjs/preprocessing.json", "tfjs/preprocessing.mjs",
+                 "tfjs/predict.mjs", "export_report.json", "export_report.html"]:
+        assert (output_dir / path).is_file(), path
+    report = json.loads((output_dir / "export_report.json").read_text())
+    assert report["passed"]
+    html = (output_dir / "export_report.html").read_text()
+    assert "data:image/png;base64," in html and "tflite/int8" in html
+
+
+def test_saved_model_with_the_other_formats_beside_it_still_loads(exported, small):
+    # TF Serving reads saved_model.pb, variables/ and assets/ of a version folder; the subfolders are not its concern.
+    output_dir, _ = exported
+    serve = tf.saved_model.load(str(output_dir)).signatures["serving_default"]
+    dtypes = {k: s.dtype for k, s in serve.structured_input_signature[1].items()}
+    got = serve(**{k: tf.constant(small.columns[k][:50], dtype) for k, dtype in dtypes.items()})["probabilities"]
+    original = tf.saved_model.load(small.serving_model_dir).signatures["serving_default"]
+    want = original(**{k: tf.constant(small.columns[k][:50], dtype) for k, dtype in dtypes.items()})["probabilities"]
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_onnx_model_passes_the_checker_with_a_recent_opset(exported):
+    model = onnx.load(str(exported[0] / "onnx" / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+
+
+def test_int8_model_computes_in_integers(exported):
+    interpreter = tf.lite.Interpreter(model_path=str(exported[0] / "tflite" / "model_int8.tflite"))
+    dtypes = {d["dtype"] for d in interpreter.get_tensor_details()}
+    assert np.int8 in dtypes
+    float_ops = [d for d in interpreter._get_ops_details() if d["op_name"] == "FULLY_CONNECTED"]
+    assert float_ops and all(interpreter.get_tensor_details()[d["inputs"][1]]["dtype"] == np.int8 for d in float_ops)
+
+
+def test_javascript_preprocessing_equals_python(small, spec, tmp_path):
+    spec_path, request_path = tmp_path / "spec.json", tmp_path / "request.json"
+    save_spec(spec, str(spec_path))
+    columns = {k: [None if isinstance(v, float) and np.isnan(v) else v for v in values.tolist()]
+               for k, values in small.columns.items()}
+    request_path.write_text(json.dumps(columns))
+    script = (
+        f"import {{ preprocess }} from '{convert.NODE_DIR / 'preprocessing.mjs'}';"
+        "import { readFileSync } from 'node:fs';"
+        f"const spec = JSON.parse(readFileSync('{spec_path}', 'utf8'));"
+        f"const out = preprocess(spec, JSON.parse(readFileSync('{request_path}', 'utf8')));"
+        "const arrays = Object.entries(out).map(([k, v]) => [k, Array.from(v.values)]);"
+        "console.log(JSON.stringify(Object.fromEntries(arrays)));"
+    )
+    result = subprocess.run([node_executable(), "--input-type=module", "-e", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    javascript = json.loads(result.stdout)
+    python = preprocess(spec, small.columns)
+    assert sorted(javascript) == sorted(python)
+    for name, values in python.items():
+        # float32 in Python, float64 text of the same float32 in JavaScript: equal to the bit.
+        np.testing.assert_array_equal(np.array(javascript[name], dtype=values.dtype), values.ravel(), err_msg=name)
+
+
+def test_shipped_python_preprocessing_needs_only_numpy(exported, small):
+    folder = exported[0] / "tflite"
+    code = ("import sys; sys.path.insert(0, '.'); sys.modules['tensorflow'] = None; import preprocessing;"
+            "spec = preprocessing.load_spec('preprocessing.json');"
+            "print(preprocessing.preprocess(spec, {'fare': [10.0], 'trip_miles': [None], 'trip_seconds': [-1],"
+            " 'lat': [41.8], 'payment_type': ['Cash'], 'hour': [3], 'tract': [17031000100]})['fare_xf'][0, 0])")
+    result = subprocess.run([sys.executable, "-I", "-c", code], cwd=folder, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert np.isfinite(float(result.stdout))
+
+
+def test_gate_fails_when_an_artifact_disagrees(small, spec, tmp_path):
+    """Weights perturbed after the SavedModel was made: the converted formats no longer match it."""
+    perturbed = tf.keras.models.clone_model(small.model)
+    rng = np.random.default_rng(0)
+    perturbed.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in small.model.get_weights()])
+    output_dir = tmp_path / "version"
+    with pytest.raises(ExportGateError) as error:
+        export_and_verify(small.serving_model_dir, perturbed, spec, eval_data(small), str(output_dir),
+                          options(formats=["saved_model", "tflite", "onnx"], tflite_variants=["float32"]))
+    message = str(error.value)
+    assert "nothing is pushed" in message
+    assert "onnx: max_abs_diff" in message and "tflite/float32: max_abs_diff" in message
+    assert "threshold 0.0001 (export.max_abs_diff)" in message
+    report = json.loads((output_dir / "export_report.json").read_text())
+    assert not report["passed"]
+    assert {r["artifact"] for r in report["artifacts"] if not r["check"]["passed"]} == {"tflite/float32", "onnx"}
+
+
+def test_gate_fails_when_quantization_costs_too_much_auc(small, spec, tmp_path):
+    with pytest.raises(ExportGateError, match=r"tflite/int8: auc_drop .* \(export.max_quantized_auc_drop\)"):
+        export_and_verify(small.serving_model_dir, small.model, spec, eval_data(small), str(tmp_path / "version"),
+                          options(formats=["saved_model", "tflite"], tflite_variants=["int8"],
+                                  max_quantized_auc_drop=-1.0))

@@ -183,7 +183,7 @@ class ExportConfig:
     latency_rows: int = 200
     onnx_opset: int = 17
     # Rows of the training split int8 quantization calibrates its ranges on.
-    representative_rows: int = 500
+    representative_rows: int = 1000
 
 
 @dataclass

@@ -74,7 +74,9 @@ class KillWorkerAfterFirstBackup(threading.Thread):
 
 @pytest.fixture(scope="module")
 def two_worker_run(taxi_slice, tmp_path_factory):
-    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"), "training.workers=2", *FAST)
+    # Optimizer and Exporter have their own tests; here they pass the model through as it is.
+    config = small_config(taxi_slice, tmp_path_factory.mktemp("outputs"), "training.workers=2", *FAST,
+                          "optimize.prune=false", "export.formats=[saved_model]")
     killer = KillWorkerAfterFirstBackup(os.path.abspath(os.path.join(config.pipeline_root, "Trainer", "model_run")))
     killer.start()
     try:

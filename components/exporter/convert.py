@@ -7,16 +7,19 @@ holds the Transform constants and preprocessing.py / preprocessing.mjs apply the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from components.model import SERVING_OUTPUT
 
@@ -65,6 +68,25 @@ def export_saved_model(serving_model_dir: str, export_dir: str) -> None:
     shutil.copytree(serving_model_dir, export_dir, dirs_exist_ok=True)
 
 
+@contextlib.contextmanager
+def _converter_output_to_log() -> Iterator[None]:
+    """The TFLite converter's C++ code writes to file descriptor 2 directly; its lines go to the run's log instead
+    of the console."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace").strip()
+            if text:
+                logging.info("TFLite converter:\n%s", text)
+
+
 def export_tflite(
     core_saved_model: str,
     variant: str,
@@ -84,7 +106,9 @@ def export_tflite(
             raise ValueError("int8 quantization needs representative inputs to calibrate its ranges.")
         converter.representative_dataset = representative_inputs
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    Path(path).write_bytes(converter.convert())
+    with _converter_output_to_log():
+        flatbuffer = converter.convert()
+    Path(path).write_bytes(flatbuffer)
 
 
 def export_onnx(module: CoreModule, spec: dict[str, Any], path: str, opset: int) -> None:

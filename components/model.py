@@ -339,11 +339,13 @@ def run_fn(fn_args: FnArgs) -> None:
         )
         export_dir = fn_args.serving_model_dir if scratch is None else os.path.join(scratch, "model")
         export_serving_model(model, tft_output, layout, export_dir)
+        # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it. Like the SavedModel,
+        # every worker saves it (collective ops), the others into their scratch folder.
+        keras_path = keras_model_path(os.path.dirname(fn_args.serving_model_dir.rstrip("/")) if scratch is None
+                                      else scratch)
+        tf.io.gfile.makedirs(os.path.dirname(keras_path))
+        model.save(keras_path)
         if scratch is None:
-            # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it.
-            keras_path = keras_model_path(os.path.dirname(fn_args.serving_model_dir.rstrip("/")))
-            tf.io.gfile.makedirs(os.path.dirname(keras_path))
-            model.save(keras_path)
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
             shutil.rmtree(backup_dir(fn_args.model_run_dir), ignore_errors=True)
     finally:

@@ -8,8 +8,8 @@ import tensorflow_transform as tft
 
 from components.features import FeatureLayout, transformed_name
 
-# Vocabulary file holding the analyzer results of feature <key>: `<key>.constants`.
-CONSTANTS_SUFFIX = ".constants"
+# The vocabulary file holding every analyzer result that is not a vocabulary itself (see record_constants).
+CONSTANTS_VOCABULARY = "transform_constants"
 
 
 def _dense_and_present(x: tf.Tensor | tf.SparseTensor, default: Any) -> tuple[tf.Tensor, tf.Tensor]:
@@ -64,14 +64,19 @@ def compute_label(inputs: dict[str, Any], label: dict[str, Any]) -> tf.Tensor:
     return tf.cast(tf.logical_and(present, column > threshold), tf.int64)
 
 
-def _record_constants(key: str, like: tf.Tensor, constants: tf.Tensor) -> None:
-    """Writes the analyzer results of feature `key` to a file in the Transform output, so that runtimes without
-    TF Transform (TFLite, ONNX, TF.js) repeat this step exactly (components/exporter/preprocessing.py).
+def record_constants(constants: dict[str, tf.Tensor], like: tf.Tensor) -> None:
+    """Writes analyzer results (feature name -> float32 tensor) to a file of the Transform output, so that runtimes
+    without TF Transform (TFLite, ONNX, TF.js) repeat this step exactly (components/exporter/preprocessing.py).
 
-    A vocabulary is the only analyzer result TF Transform writes as a file: every row carries the same token, the
-    base64 of the serialized constants, and the vocabulary file holds that one token."""
-    token = tf.io.encode_base64(tf.io.serialize_tensor(constants))
-    tft.vocabulary(tf.fill(tf.shape(like)[:1], token), vocab_filename=key + CONSTANTS_SUFFIX)
+    A vocabulary is the only analyzer result TF Transform writes as a file. Every row (shaped like `like`) carries
+    the same token, `base64(name)=base64(serialized tensor)` pairs joined by commas, so the file holds that token.
+    """
+    pairs = [
+        tf.strings.join([tf.io.encode_base64(name), "=", tf.io.encode_base64(tf.io.serialize_tensor(value))])
+        for name, value in sorted(constants.items())
+    ]
+    token = tf.strings.reduce_join(tf.stack(pairs), separator=",")
+    tft.vocabulary(tf.fill(tf.shape(like)[:1], token), vocab_filename=CONSTANTS_VOCABULARY)
 
 
 def z_score(x: tf.Tensor, mean: tf.Tensor, std: tf.Tensor) -> tf.Tensor:
@@ -88,7 +93,7 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here."""
     layout = FeatureLayout(custom_config)
     options = layout.transform
-    outputs = {}
+    outputs, constants = {}, {}
     for key in layout.numeric:
         x = _as_float(inputs[key])
         present = _present_values(x)
@@ -101,7 +106,7 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         std = tf.sqrt(tft.var(present) * share)
         name = transformed_name(key)
         outputs[name] = z_score(filled, mean, std)
-        _record_constants(key, filled, tf.stack([mean, mean, std]))
+        constants[key] = tf.stack([mean, mean, std])
     for key in layout.bucket:
         x = _as_float(inputs[key])
         boundaries = tf.reshape(
@@ -110,11 +115,13 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         filled, present = _dense_and_present(x, 0.0)
         name = transformed_name(key)
         outputs[name] = tf.where(present, bucket_ids(filled, boundaries), tf.cast(options["bucket_count"], tf.int64))
-        _record_constants(key, filled, boundaries)
+        constants[key] = boundaries
     for key in layout.vocab:
         filled, _ = _dense_and_present(_as_string(inputs[key]), "")
         outputs[transformed_name(key)] = tft.compute_and_apply_vocabulary(
             filled, top_k=options["vocab_size"], num_oov_buckets=options["oov_buckets"], vocab_filename=key
         )
     outputs[layout.label_key] = compute_label(inputs, layout.label)
+    if constants:
+        record_constants(constants, outputs[layout.label_key])
     return outputs

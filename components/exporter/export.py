@@ -120,8 +120,7 @@ def verify(
     rows = []
     for name, (path, runner) in artifacts.items():
         started = time.perf_counter()
-        probabilities = runner.predict(data.columns)
-        latency = runner.latency_ms(data.columns, options["latency_rows"])
+        probabilities, latency = runner.predict_and_time(data.columns, options["latency_rows"])
         metrics = _metrics(probabilities, data.labels)
         diff = float(np.max(np.abs(probabilities - reference)))
         if name in FLOAT_ARTIFACTS:

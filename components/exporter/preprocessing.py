@@ -10,6 +10,7 @@ integers, as for the SavedModel.
 """
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,20 +31,24 @@ def build_spec(transform_output_dir: str, custom_config: dict[str, Any]) -> dict
     import tensorflow_transform as tft
 
     from components.features import FeatureLayout, transformed_name
-    from components.transform import CONSTANTS_SUFFIX
+    from components.transform import CONSTANTS_VOCABULARY
 
     layout = FeatureLayout(custom_config)
     tft_output = tft.TFTransformOutput(transform_output_dir)
     raw_spec = tft_output.raw_feature_spec()
 
+    try:
+        (token,) = tft_output.vocabulary_by_name(CONSTANTS_VOCABULARY)
+    except (ValueError, OSError):
+        raise ValueError("the Transform output holds no transform_constants file: it was made by an older "
+                         "preprocessing_fn; run the pipeline again with --set enable_cache=false.") from None
+    recorded = {}
+    for pair in token.split(b","):
+        name, value = (base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)) for part in pair.split(b"="))
+        recorded[name.decode("utf-8")] = tf.io.parse_tensor(value, tf.float32).numpy().reshape(-1).tolist()
+
     def constants(key: str) -> list[float]:
-        try:
-            (token,) = tft_output.vocabulary_by_name(key + CONSTANTS_SUFFIX)
-        except (ValueError, OSError):
-            raise ValueError(f"the Transform output holds no constants for '{key}': it was made by an older "
-                             "preprocessing_fn; run the pipeline again with --set enable_cache=false.") from None
-        values = tf.io.parse_tensor(tf.io.decode_base64(token), tf.float32)
-        return [float(v) for v in values.numpy().reshape(-1)]
+        return [float(v) for v in recorded[key]]
 
     def raw_type(key: str) -> dict[str, Any]:
         spec = raw_spec[key]

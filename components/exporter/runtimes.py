@@ -1,7 +1,7 @@
 """Each exported format run in its own runtime on raw rows: TensorFlow, tf.lite.Interpreter, onnxruntime, Node.js.
 
 Every runner takes the same request (one array per raw feature, as the SavedModel's serving_default) and returns
-one probability per row; `latency_ms` times rows sent one at a time, preprocessing included.
+one probability per row; `predict_and_time` also times rows sent one at a time, preprocessing included.
 """
 from __future__ import annotations
 
@@ -35,14 +35,16 @@ class Runner:
     def predict(self, columns: Columns) -> np.ndarray:
         raise NotImplementedError
 
-    def latency_ms(self, columns: Columns, rows: int) -> list[float]:
+    def predict_and_time(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
+        """Probabilities for all rows, then the milliseconds of each of the first `timed_rows` rows sent alone."""
+        probabilities = self.predict(columns)
         times = []
-        for i in range(min(rows, _rows(columns))):
+        for i in range(min(timed_rows, _rows(columns))):
             one = _row(columns, i)
             start = time.perf_counter()
             self.predict(one)
             times.append((time.perf_counter() - start) * 1000)
-        return times
+        return probabilities, times
 
 
 class SavedModelRunner(Runner):
@@ -107,7 +109,7 @@ class TfjsRunner(Runner):
         # The repository's copy of the script shipped in export_dir: it finds @tensorflow/tfjs beside it.
         self._script = node_dir / "predict.mjs"
 
-    def run(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
+    def predict_and_time(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
         with tempfile.TemporaryDirectory() as tmp:
             request = Path(tmp, "request.json")
             output = Path(tmp, "output.json")
@@ -122,10 +124,7 @@ class TfjsRunner(Runner):
         return np.array(data["probabilities"], dtype=np.float32), list(data["latency_ms"])
 
     def predict(self, columns: Columns) -> np.ndarray:
-        return self.run(columns, 0)[0]
-
-    def latency_ms(self, columns: Columns, rows: int) -> list[float]:
-        return self.run(columns, rows)[1]
+        return self.predict_and_time(columns, 0)[0]
 
 
 def _json_values(values: np.ndarray) -> list[Any]:

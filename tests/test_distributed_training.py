@@ -174,7 +174,10 @@ def test_a_worker_failing_for_good_fails_with_its_log_tail(two_worker_run):
 def _start_launcher(spec_path: str, log_dir: str) -> subprocess.Popen:
     code = ("import components, sys; from components.distributed.launcher import launch_local_workers; "
             f"launch_local_workers({spec_path!r}, 2, {REPO_ROOT!r}, {log_dir!r}, on_line=lambda i, l: None)")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT)
+    # A shell that started the tests in the background ignores SIGINT, and children inherit that: the launcher gets
+    # the default disposition back, as a terminal's ctrl-c would find it.
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])

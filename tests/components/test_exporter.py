@@ -2,6 +2,7 @@
 an artifact that disagrees fails the gate."""
 import dataclasses
 import json
+import pickle
 import subprocess
 import sys
 
@@ -121,15 +122,20 @@ def test_javascript_preprocessing_equals_python(small, spec, tmp_path):
         np.testing.assert_array_equal(np.array(javascript[name], dtype=values.dtype), values.ravel(), err_msg=name)
 
 
-def test_shipped_python_preprocessing_needs_only_numpy(exported, small):
-    folder = exported[0] / "tflite"
-    code = ("import sys; sys.path.insert(0, '.'); sys.modules['tensorflow'] = None; import preprocessing;"
+def test_shipped_python_preprocessing_needs_only_numpy(exported, small, spec, tmp_path):
+    """The copy in tflite/ with its preprocessing.json, TensorFlow blocked, gives what the repository's code gives."""
+    request = tmp_path / "request.pkl"
+    request.write_bytes(pickle.dumps(small.columns))
+    code = ("import pickle, sys; sys.path.insert(0, '.'); sys.modules['tensorflow'] = None; import preprocessing;"
             "spec = preprocessing.load_spec('preprocessing.json');"
-            "print(preprocessing.preprocess(spec, {'fare': [10.0], 'trip_miles': [None], 'trip_seconds': [-1],"
-            " 'lat': [41.8], 'payment_type': ['Cash'], 'hour': [3], 'tract': [17031000100]})['fare_xf'][0, 0])")
-    result = subprocess.run([sys.executable, "-I", "-c", code], cwd=folder, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert np.isfinite(float(result.stdout))
+            f"out = preprocessing.preprocess(spec, pickle.load(open({str(request)!r}, 'rb')));"
+            "sys.stdout.buffer.write(pickle.dumps(out))")
+    result = subprocess.run([sys.executable, "-I", "-c", code], cwd=exported[0] / "tflite", capture_output=True)
+    assert result.returncode == 0, result.stderr.decode()
+    shipped, expected = pickle.loads(result.stdout), preprocess(spec, small.columns)
+    assert sorted(shipped) == sorted(expected)
+    for name, values in expected.items():
+        np.testing.assert_array_equal(shipped[name], values, err_msg=name)
 
 
 def test_gate_fails_when_an_artifact_disagrees(small, spec, tmp_path):

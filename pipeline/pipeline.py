@@ -1,4 +1,4 @@
-"""The DAG: CSV to a blessed model in a TF Serving model repository, from one PipelineConfig."""
+"""The DAG: CSV to a blessed model published as a version of a TF Serving model repository, from one PipelineConfig."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +14,7 @@ from components.distributed.executor import DistributedTrainerExecutor
 from components.exporter.component import Exporter
 from components.gates.component import DataValidationGate
 from components.optimizer.component import Optimizer
+from components.publisher.component import Publisher
 from pipeline.config import PipelineConfig
 from pipeline.data import resolve_data_dir
 
@@ -180,14 +181,14 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         examples=example_gen.outputs["examples"],
         custom_config={**module_config, "export": full_config["export"]},
     ).with_id("Exporter")
-    pusher = tfx.components.Pusher(
+    # The next integer version of the model repository; publishing routes no traffic (`mlops rollout` does).
+    publisher = Publisher(
         model=exporter.outputs["exported_model"],
         model_blessing=evaluator.outputs["blessing"],
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=os.path.abspath(config.serving_dir))
-        ),
-    )
-    components += [trainer, optimizer, model_resolver, evaluator, exporter, pusher]
+        serving_base_dir=os.path.abspath(config.serving_base_dir),
+        model_name=config.model_name,
+    ).with_id("Publisher")
+    components += [trainer, optimizer, model_resolver, evaluator, exporter, publisher]
 
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,

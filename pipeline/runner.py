@@ -129,7 +129,12 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
         for line in table_lines(summary.export):
             print(f"    {line}", file=out)
-    print(f"  pushed        {summary.pushed_path or 'nothing (not blessed)'}", file=out)
+    if summary.published_version is not None:
+        print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
+        print(f"                (`mlops versions` lists it; `mlops rollout start --version "
+              f"{summary.published_version}` moves traffic to it)", file=out)
+    else:
+        print("  published     nothing (not blessed)", file=out)
     print(f"  report        {html_path}", file=out, flush=True)
 
 

@@ -1,4 +1,4 @@
-"""What the last run produced, read back from ML Metadata: eval metrics, blessing, pushed version."""
+"""What the last run produced, read back from ML Metadata: eval metrics, blessing, published version."""
 from __future__ import annotations
 
 import html
@@ -21,6 +21,8 @@ class RunSummary:
     slices: dict[str, dict[str, float]] = field(default_factory=dict)
     blessed: bool | None = None
     pushed_path: str | None = None
+    # The model repository version the Publisher published (or found already published).
+    published_version: int | None = None
     model_path: str | None = None
     evaluation_path: str | None = None
     # The Optimizer's and the Exporter's reports (components/optimizer, components/exporter), when they ran.
@@ -93,6 +95,8 @@ def latest_run(metadata_path: str, pipeline_name: str) -> RunSummary:
         elif kind == "PushedModel":
             if "pushed" in props and props["pushed"].int_value:
                 summary.pushed_path = props["pushed_destination"].string_value
+                if "pushed_version" in props:
+                    summary.published_version = props["pushed_version"].int_value
         elif kind == "Model":
             _read_model_reports(summary, artifact.uri)
     return summary

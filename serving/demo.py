@@ -1,4 +1,4 @@
-"""The end of `make demo`: serve the pushed model, print one REST and one gRPC prediction, stop."""
+"""The end of `make demo`: serve the model repository's stable track, print one REST and one gRPC prediction, stop."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -6,30 +6,38 @@ from pathlib import Path
 from typing import Any
 
 from serving.client import GrpcClient, RestClient
-from serving.model_repository import list_versions, validate_model_name
+from serving.model_repository import ModelRepository, validate_model_name
+
+STABLE_LABEL = "stable"
 
 
 def serve_and_predict(serving_base_dir: str, model_name: str, row: Mapping[str, Any]) -> None:
-    """Serves `<serving_base_dir>/<model_name>/<latest version>/` on free loopback ports and prints a prediction
-    for `row` (raw features; columns the model does not take, such as the label, are ignored) from each API.
+    """Serves the repository's models.config on free loopback ports, as `mlops serve --model-config` does, and prints
+    a prediction of the `stable` version for `row` (raw features; columns the model does not take, such as the
+    label, are ignored) from each API.
 
-    Raises FileNotFoundError when no version has been pushed there.
+    Raises FileNotFoundError when no version of `model_name` is served there yet.
     """
     from serving.server import ModelServer
 
-    model_dir = Path(serving_base_dir) / validate_model_name(model_name)
-    versions = list_versions(model_dir)
-    if not versions:
-        raise FileNotFoundError(f"No pushed version of {model_name!r} under {model_dir}; run the pipeline first.")
-    server = ModelServer.for_model(model_name, model_dir, rest_port=0, grpc_port=0, poll_seconds=0)
+    repository = ModelRepository(serving_base_dir)
+    stable = repository.labels(validate_model_name(model_name)).get(STABLE_LABEL)
+    if stable is None:
+        raise FileNotFoundError(f"No version of {model_name!r} is served from {Path(repository.config_path)}; run "
+                                "the pipeline first.")
+    server = ModelServer(config_path=repository.config_path, rest_port=0, grpc_port=0, poll_seconds=0)
     for problem in server.start():
         print(f"warning: {problem}")
     try:
-        server.wait_until_available(model_name, versions[-1])
-        print(f"serving {model_name} version {versions[-1]}: REST {server.rest_url}, gRPC {server.grpc_target}")
+        server.wait_until_available(model_name, stable)
+        print(f"serving {model_name} version {stable} (label {STABLE_LABEL}): REST {server.rest_url}, "
+              f"gRPC {server.grpc_target}")
+        latest = repository.latest_version(model_name)
+        if latest != stable:
+            print(f"version {latest} is published but not serving yet: mlops rollout start --version {latest}")
         with RestClient(server.rest_url) as rest, GrpcClient(server.grpc_target) as grpc:
-            rest_probability = rest.predict(row, model_name, drop_unknown_features=True)[0]
-            grpc_probability = grpc.predict(row, model_name, drop_unknown_features=True)[0]
+            rest_probability = rest.predict(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
+            grpc_probability = grpc.predict(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
         print(f"REST prediction: {rest_probability:.6f}")
         print(f"gRPC prediction: {grpc_probability:.6f}")
     finally:

@@ -1,19 +1,23 @@
 """TF Serving's model repository: `<base>/<model>/<integer version>/` plus a text-format `models.config`.
 
-Versions are immutable: a version is staged under a hidden temporary name and renamed into place
-only when complete, so a server polling the folder never sees half a SavedModel.
+Versions are immutable: a version is staged under a hidden temporary name, given a checksum manifest of every file,
+and renamed into place only when complete, so a server polling the folder never sees half a SavedModel and a
+changed file is detected. Version numbers only grow. Two config files name what is served: `models.config` (the
+stable servers, label `stable`) and `models.canary.config` (the canary servers of a rollout, label `canary`).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -24,6 +28,12 @@ LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 VERSION_DIR_PATTERN = re.compile(r"^[0-9]+$")
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 CONFIG_FILE_NAME = "models.config"
+CANARY_CONFIG_FILE_NAME = "models.canary.config"
+# Server track -> its config file; each track's servers answer the label named after the track.
+TRACK_CONFIG_FILES = {"stable": CONFIG_FILE_NAME, "canary": CANARY_CONFIG_FILE_NAME}
+# Written into every version folder: sha256 and size of every other file, then what published it.
+MANIFEST_FILE = "MANIFEST.json"
+PUBLICATION_FILE = "publication.json"
 
 
 class RepositoryError(ValueError):
@@ -91,6 +101,61 @@ def write_model_server_config(config: model_server_config_pb2.ModelServerConfig,
         raise
 
 
+def file_sha256(read_chunks: Iterable[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in read_chunks:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _local_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def build_manifest(folder: Path) -> dict[str, dict[str, object]]:
+    """{relative path: {"sha256", "bytes"}} for every file under `folder` except the manifest itself."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        if path.is_file() and relative != MANIFEST_FILE:
+            files[relative] = {"sha256": file_sha256(_local_chunks(path)), "bytes": path.stat().st_size}
+    return files
+
+
+def content_digest(files: Mapping[str, Mapping[str, object]]) -> str:
+    """One digest of a version's model files (its publication record left out): equal digests, same model."""
+    lines = "".join(f"{name}\0{entry['sha256']}\n" for name, entry in sorted(files.items())
+                    if name != PUBLICATION_FILE)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChecksumCheck:
+    """`state` is "ok", "no manifest" (published before manifests, or by hand) or "MISMATCH"; `problems` says how."""
+
+    state: str
+    problems: list[str] = field(default_factory=list)
+
+
+def verify_manifest(folder: Path) -> ChecksumCheck:
+    """Compares every file under `folder` with its MANIFEST.json: changed, missing and unlisted files are problems."""
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return ChecksumCheck("no manifest")
+    try:
+        expected = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return ChecksumCheck("MISMATCH", [f"{manifest_path} is not a readable manifest"])
+    actual = build_manifest(folder)
+    problems = [f"{name}: changed" for name in sorted(set(expected) & set(actual))
+                if expected[name]["sha256"] != actual[name]["sha256"]]
+    problems += [f"{name}: missing" for name in sorted(set(expected) - set(actual))]
+    problems += [f"{name}: not in the manifest" for name in sorted(set(actual) - set(expected))]
+    return ChecksumCheck("MISMATCH" if problems else "ok", problems)
+
+
 @dataclass(frozen=True)
 class StagedVersion:
     """A version being written: fill `path` with a SavedModel; it becomes `<model>/<version>/` on success."""
@@ -116,6 +181,14 @@ class ModelRepository:
         self.base_dir = Path(base_dir).resolve()
         self.config_path = Path(config_path) if config_path else self.base_dir / CONFIG_FILE_NAME
         self.served_base_dir = served_base_dir.rstrip("/") if served_base_dir else str(self.base_dir)
+
+    @classmethod
+    def for_track(cls, base_dir: str | Path, track: str, served_base_dir: str | None = None) -> ModelRepository:
+        """The repository as one server track sees it: the same versions, that track's config file."""
+        if track not in TRACK_CONFIG_FILES:
+            raise RepositoryError(f"Unknown server track {track!r}; use one of {sorted(TRACK_CONFIG_FILES)}.")
+        base = Path(base_dir).resolve()
+        return cls(base, base / TRACK_CONFIG_FILES[track], served_base_dir)
 
     # Layout
 
@@ -159,6 +232,12 @@ class ModelRepository:
                     f"Version {version} of model {model_name!r} already exists and versions are immutable; "
                     "publish a new version number instead."
                 )
+            latest = self.latest_version(model_name)
+            if latest is not None and version < latest:
+                raise RepositoryError(
+                    f"Version {version} of model {model_name!r} is below the latest version {latest}; version "
+                    "numbers only grow (TF Serving serves the highest by default), so publish a higher one."
+                )
             staging = model_dir / f".staging-{version}-{uuid.uuid4().hex[:8]}"
             staging.mkdir()
         try:
@@ -168,6 +247,7 @@ class ModelRepository:
                     f"Nothing publishable was written for version {version} of {model_name!r}: "
                     f"{staging} holds no saved_model.pb."
                 )
+            _write_json(staging / MANIFEST_FILE, {"algorithm": "sha256", "files": build_manifest(staging)})
             with self._lock():
                 if target.exists():
                     raise RepositoryError(
@@ -187,6 +267,42 @@ class ModelRepository:
         with self.staged_version(model_name, version) as staged:
             shutil.copytree(source, staged.path, dirs_exist_ok=True)
         return staged.version
+
+    def publish(
+        self, model_name: str, write: Callable[[Path], None], record: Mapping[str, object] | None = None
+    ) -> int:
+        """Publishes the next version: `write(folder)` fills a staging folder, `record` (what published it: run,
+        blessing...) lands in publication.json, a manifest checksums every file, and one rename makes it visible.
+        Publishing serves nothing: a rollout does (see serving/rollout)."""
+        with self.staged_version(model_name) as staged:
+            write(staged.path)
+            if record is not None:
+                _write_json(staged.path / PUBLICATION_FILE, {"model": model_name, "version": staged.version,
+                                                             **record})
+        return staged.version
+
+    def version_with_content(self, model_name: str, digest: str) -> int | None:
+        """The published version whose model files have `digest` (see content_digest), if any."""
+        for version in reversed(self.versions(model_name)):
+            manifest_path = self.version_dir(model_name, version) / MANIFEST_FILE
+            try:
+                files = json.loads(manifest_path.read_text())["files"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if content_digest(files) == digest:
+                return version
+        return None
+
+    def verify(self, model_name: str, version: int) -> ChecksumCheck:
+        """Checks a published version's files against its manifest."""
+        return verify_manifest(self.version_dir(model_name, version))
+
+    def publication(self, model_name: str, version: int) -> dict[str, object]:
+        """What publication.json of a version says (empty when it has none, e.g. added by hand)."""
+        try:
+            return json.loads((self.version_dir(model_name, version) / PUBLICATION_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
 
     # models.config
 
@@ -289,6 +405,10 @@ class ModelRepository:
                 yield
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _write_json(path: Path, content: object) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def _check_version(version: int) -> int:

@@ -126,7 +126,9 @@ def test_mlops_serve_runs_until_sigterm(repository, tmp_path):
 def test_serve_and_predict_prints_a_rest_and_a_grpc_prediction(repository, capsys):
     serve_and_predict(str(repository.base_dir), MODEL, {**ROW, "tips": 1.0})
     out = capsys.readouterr().out
-    expected = f"{expected_probability(ROW, 2):.6f}"
+    # The stable label's version answers, not the highest loaded one (version 2, the canary).
+    expected = f"{expected_probability(ROW, 1):.6f}"
+    assert "version 1 (label stable)" in out
     assert f"REST prediction: {expected}" in out
     assert f"gRPC prediction: {expected}" in out
     assert out.rstrip().endswith("server stopped")

@@ -1,0 +1,116 @@
+"""Publishes an exported model folder as the next version of the TF Serving model repository.
+
+The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...); the repository is a local folder
+(or a mounted volume) where staging and an atomic rename make a version appear complete or not at all. The same
+model published twice (a retried or re-executed component) is the same version, not a new one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.model_repository import (
+    PUBLICATION_FILE,
+    TRACK_CONFIG_FILES,
+    ModelRepository,
+    RepositoryError,
+    content_digest,
+    file_sha256,
+)
+
+EXPORT_REPORT_FILE = "export_report.json"
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    version: int
+    path: str
+    # False when an identical model was already published as `version` (nothing was copied).
+    new: bool
+    # The tracks that started serving this version because the model had no version served yet.
+    bootstrapped: tuple[str, ...]
+
+
+def _walk_files(root: str) -> Iterator[str]:
+    import tensorflow as tf
+
+    for folder, _, files in tf.io.gfile.walk(root):
+        for name in files:
+            yield posixpath.join(folder, name)
+
+
+def _gfile_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def source_manifest(source_dir: str) -> dict[str, dict[str, object]]:
+    """The manifest the repository would write for `source_dir` (any file system tf.io.gfile reads)."""
+    import tensorflow as tf
+
+    root = source_dir.rstrip("/")
+    return {
+        posixpath.relpath(path, root): {"sha256": file_sha256(_gfile_chunks(path)),
+                                        "bytes": tf.io.gfile.stat(path).length}
+        for path in sorted(_walk_files(root))
+    }
+
+
+def _copy_tree(source_dir: str, target: Path) -> None:
+    import tensorflow as tf
+
+    root = source_dir.rstrip("/")
+    for path in _walk_files(root):
+        destination = target / posixpath.relpath(path, root)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        tf.io.gfile.copy(path, str(destination), overwrite=True)
+
+
+def export_verdict(source_dir: str) -> bool | None:
+    """The export report's verdict (True: every format agreed with the SavedModel), None without a report."""
+    import tensorflow as tf
+
+    path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_FILE)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        return bool(json.load(f).get("passed"))
+
+
+def publish_model(
+    source_dir: str, serving_base_dir: str, model_name: str, record: Mapping[str, object]
+) -> PublishedVersion:
+    """Publishes the SavedModel folder `source_dir` (with its other formats and export report) as the next version
+    of `model_name` under `serving_base_dir`, with `record` in its publication.json.
+
+    Publishing routes no traffic. Only when no track serves the model yet (its first version) does each track's
+    config start serving it, so that a server started on the repository has something to answer with; after that
+    a rollout (`mlops rollout start --version V`) moves traffic.
+    """
+    if export_verdict(source_dir) is False:
+        raise RepositoryError(f"the export report in {source_dir} failed; a model whose formats disagree is never "
+                              "published. Fix the export (see export_report.html) and run again.")
+    repository = ModelRepository(serving_base_dir)
+    manifest = source_manifest(source_dir)
+    if PUBLICATION_FILE in manifest:
+        raise RepositoryError(f"{source_dir} already holds a {PUBLICATION_FILE}; publish an export folder.")
+    existing = repository.version_with_content(model_name, content_digest(manifest))
+    if existing is not None:
+        version, new = existing, False
+    else:
+        version = repository.publish(model_name, lambda folder: _copy_tree(source_dir, folder), record)
+        new = True
+    bootstrapped = []
+    for track in TRACK_CONFIG_FILES:
+        track_repository = ModelRepository.for_track(serving_base_dir, track)
+        if not track_repository.served_versions(model_name):
+            track_repository.serve(model_name, [version], {track: version})
+            bootstrapped.append(track)
+    return PublishedVersion(version, os.fspath(repository.version_dir(model_name, version)), new, tuple(bootstrapped))

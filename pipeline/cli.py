@@ -9,6 +9,7 @@ import warnings
 
 from pipeline.config import ConfigError, load_config
 from serving import cli as serving_cli
+from serving.rollout import cli as rollout_cli
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -38,13 +39,13 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if args.serve_after:
         if not summary.pushed_path:
-            print("nothing was pushed (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
+            print("nothing was published (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
             return 1
         from pipeline.runner import first_eval_row
         from serving.demo import serve_and_predict
 
-        print("\nserving the pushed model locally (TF Serving's REST and gRPC APIs)")
-        serve_and_predict(os.path.dirname(config.serving_dir), config.model_name, first_eval_row(config))
+        print("\nserving the model repository's stable version locally (TF Serving's REST and gRPC APIs)")
+        serve_and_predict(config.serving_base_dir, config.model_name, first_eval_row(config))
     return 0
 
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="then serve the pushed model and print one REST and one gRPC prediction for an eval row")
     run.set_defaults(handler=_run)
     serving_cli.register(commands)
+    rollout_cli.register(commands, _add_config_args)
     train = commands.add_parser(
         "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
     )

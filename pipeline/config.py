@@ -187,6 +187,91 @@ class ExportConfig:
 
 
 @dataclass
+class RolloutLocalConfig:
+    """`mlops serve` processes on this machine: the stable ones read <serving>/models.config, the canary ones
+    <serving>/models.canary.config. One REST URL and one gRPC target per process, in the same order."""
+    stable_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8501"])
+    stable_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8500"])
+    canary_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8511"])
+    canary_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8510"])
+
+
+@dataclass
+class RolloutKubernetesConfig:
+    """The objects of k8s/serving (see its README); the controller reads and patches them through the API."""
+    namespace: str = "mlops-serving"
+    # Empty: the in-cluster service account, else ~/.kube/config; or the path of a kubeconfig file.
+    kubeconfig: str = ""
+    stable_config_map: str = "tfserving-stable-config"
+    canary_config_map: str = "tfserving-canary-config"
+    # The rollout's state and recorded outcomes live in this ConfigMap, not in the controller.
+    state_config_map: str = "tfserving-rollout"
+    stable_selector: str = "app.kubernetes.io/name=tfserving,app.kubernetes.io/track=stable"
+    canary_selector: str = "app.kubernetes.io/name=tfserving,app.kubernetes.io/track=canary"
+    stable_service: str = "tfserving-stable"
+    canary_service: str = "tfserving-canary"
+    http_route: str = "tfserving"
+    grpc_route: str = "tfserving-grpc"
+    # Where the pods mount the model repository: models.config names <served_base_dir>/<model>.
+    served_base_dir: str = "/models"
+    rest_port: int = 8501
+    metrics_path: str = "/monitoring/prometheus/metrics"
+    # Golden requests go to the two Services (the controller runs in the cluster, or behind port-forwards).
+    stable_rest: list[str] = field(default_factory=lambda: ["http://tfserving-stable.mlops-serving.svc:8501"])
+    stable_grpc: list[str] = field(default_factory=lambda: ["tfserving-stable.mlops-serving.svc:8500"])
+    canary_rest: list[str] = field(default_factory=lambda: ["http://tfserving-canary.mlops-serving.svc:8501"])
+    canary_grpc: list[str] = field(default_factory=lambda: ["tfserving-canary.mlops-serving.svc:8500"])
+
+
+@dataclass
+class RolloutKubeDLConfig:
+    """A KubeDL Inference (k8s/kubedl) whose predictors serve ModelVersions; traffic moves by trafficWeight."""
+    namespace: str = "mlops-serving"
+    inference: str = "taxi"
+    stable_predictor: str = "stable"
+    canary_predictor: str = "canary"
+    # The ModelVersion object of repository version {version} (what the TFJob's spec.modelVersion produced).
+    model_version_name: str = "taxi-v{version}"
+    # The predictors' pods carry these labels (KubeDL sets them) and answer TF Serving's REST API on rest_port.
+    predictor_selector: str = "inference.kubedl.io/inference-name={inference},inference.kubedl.io/predictor={predictor}"
+    rest_port: int = 8501
+    metrics_path: str = "/monitoring/prometheus/metrics"
+    stable_rest: list[str] = field(default_factory=lambda: ["http://taxi-stable.mlops-serving.svc:8501"])
+    stable_grpc: list[str] = field(default_factory=lambda: ["taxi-stable.mlops-serving.svc:8500"])
+    canary_rest: list[str] = field(default_factory=lambda: ["http://taxi-canary.mlops-serving.svc:8501"])
+    canary_grpc: list[str] = field(default_factory=lambda: ["taxi-canary.mlops-serving.svc:8500"])
+
+
+@dataclass
+class RolloutConfig:
+    """`mlops rollout`: how a candidate version is verified and moved through traffic steps (serving/rollout)."""
+    # local: `mlops serve` processes on this machine; kubernetes: k8s/serving; kubedl: k8s/kubedl.
+    backend: Literal["local", "kubernetes", "kubedl"] = "local"
+    # Percent of traffic on the canary after each verified step; the last must be 100, then the candidate is promoted.
+    steps: list[int] = field(default_factory=lambda: [10, 50, 100])
+    # Golden requests: eval rows (a CSV file or folder; empty: the pipeline's newest eval split) ...
+    golden_data: str = ""
+    golden_rows: int = 64
+    # ... whose candidate probabilities, over REST and gRPC, must stay this close to the stable version's.
+    max_abs_diff: float = 0.001
+    # Each step watches the candidate for this long: error rate and p99 latency must stay within the bounds.
+    window_seconds: float = 30.0
+    # The verifier's own requests during a window (bounded: at most this many per second).
+    window_requests_per_second: float = 20.0
+    max_error_rate: float = 0.01
+    max_p99_ms: float = 250.0
+    # How long a loading version may take to become AVAILABLE before the rollout is rolled back.
+    load_timeout_seconds: float = 300.0
+    # After a promotion the previous version stays loaded this long, so a rollback needs no load.
+    keep_previous_seconds: float = 300.0
+    request_timeout_seconds: float = 5.0
+    poll_seconds: float = 0.5
+    local: RolloutLocalConfig = field(default_factory=RolloutLocalConfig)
+    kubernetes: RolloutKubernetesConfig = field(default_factory=RolloutKubernetesConfig)
+    kubedl: RolloutKubeDLConfig = field(default_factory=RolloutKubeDLConfig)
+
+
+@dataclass
 class BeamConfig:
     direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "multi_processing"
     # 0 means one worker per CPU.
@@ -212,6 +297,7 @@ class PipelineConfig:
     optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     @property
     def features(self) -> list[str]:
@@ -226,8 +312,13 @@ class PipelineConfig:
         return os.path.join(self.output_root, "metadata", self.name, "metadata.db")
 
     @property
+    def serving_base_dir(self) -> str:
+        """The model repository: <model>/<version>/ folders, models.config and models.canary.config."""
+        return os.path.join(self.output_root, "serving")
+
+    @property
     def serving_dir(self) -> str:
-        return os.path.join(self.output_root, "serving", self.model_name)
+        return os.path.join(self.serving_base_dir, self.model_name)
 
     def module_config(self) -> dict[str, Any]:
         """The plain dict the module code (preprocessing_fn, run_fn, tuner_fn) receives as custom_config."""
@@ -390,6 +481,7 @@ def _validate(config: PipelineConfig) -> None:
     if not 0.0 <= config.training.dropout < 1.0:
         raise ConfigError("training.dropout must be in [0, 1).")
     _validate_optimize_and_export(config)
+    _validate_rollout(config.rollout)
     if not config.schema_path:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):
@@ -459,3 +551,24 @@ def _validate_distribution(config: PipelineConfig) -> None:
     if given and len(given) != len(model_keys):
         raise ConfigError("a KubeDL ModelVersion needs all of training.tfjob." + ", training.tfjob.".join(model_keys)
                           + "; set the missing ones or none.")
+
+
+def _validate_rollout(rollout: RolloutConfig) -> None:
+    steps = rollout.steps
+    if not steps or steps[-1] != 100 or any(not 0 < s <= 100 for s in steps) or steps != sorted(set(steps)):
+        raise ConfigError(f"rollout.steps must be rising percentages of traffic ending at 100, e.g. [10, 50, 100]; "
+                          f"got {steps}.")
+    if rollout.golden_rows < 1:
+        raise ConfigError("rollout.golden_rows must be at least 1.")
+    for key in ("max_abs_diff", "max_error_rate", "keep_previous_seconds", "window_seconds"):
+        if getattr(rollout, key) < 0:
+            raise ConfigError(f"rollout.{key} must be 0 or more.")
+    for key in ("max_p99_ms", "load_timeout_seconds", "request_timeout_seconds", "poll_seconds",
+                "window_requests_per_second"):
+        if getattr(rollout, key) <= 0:
+            raise ConfigError(f"rollout.{key} must be positive.")
+    local = rollout.local
+    if not local.stable_rest or len(local.stable_rest) != len(local.stable_grpc) or not local.canary_rest or len(
+            local.canary_rest) != len(local.canary_grpc):
+        raise ConfigError("rollout.local needs one gRPC target per REST URL, for at least one stable and one canary "
+                          "server.")

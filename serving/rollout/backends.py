@@ -1,0 +1,176 @@
+"""What the controller acts on: server tracks (stable and canary), each with its model config, its servers' view of
+each version, and the traffic weight between them. `local` is `mlops serve` processes on this machine reading the
+repository's models.config and models.canary.config; the cluster backends are in serving/rollout/kube.py."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.model_repository import ModelRepository, RepositoryError
+from serving.rollout.metrics import ModelCounters
+from serving.rollout.state import LocalStateStore, StateStore
+
+TRACKS = ("stable", "canary")
+
+
+class BackendError(RuntimeError):
+    """The backend cannot do what the rollout needs (a server or object is missing); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    rest: str
+    grpc: str
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """One server's answer about one version: AVAILABLE, LOADING, END (with the error), NOT_FOUND or UNREACHABLE."""
+
+    server: str
+    state: str
+    error: str = ""
+
+
+class Backend(ABC):
+    name = "backend"
+    # False where a track serves one version and TF Serving labels do not apply (KubeDL predictors).
+    supports_labels = True
+
+    def __init__(self, store: StateStore, endpoints: dict[str, list[Endpoint]]) -> None:
+        self.store = store
+        self._endpoints = endpoints
+
+    def endpoints(self, track: str) -> list[Endpoint]:
+        """Where golden and window requests for a track go."""
+        return self._endpoints[track]
+
+    @abstractmethod
+    def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
+        """The versions a track's config serves and its labels."""
+
+    @abstractmethod
+    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        """Makes the track's config serve `versions` with `labels` (nothing is written when it already does)."""
+
+    def loaded_versions(self, versions: list[int]) -> list[int]:
+        """The versions a track actually loads for a config naming `versions`."""
+        return sorted(versions)
+
+    @abstractmethod
+    def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
+        """Every server of the track, about `version`."""
+
+    @abstractmethod
+    def label_views(self, model: str, track: str, label: str) -> list[int | None]:
+        """The version `label` resolves to on every server of the track (None: not set there yet)."""
+
+    @abstractmethod
+    def set_canary_weight(self, percent: int) -> None:
+        """Routes `percent` of the traffic to the canary track, the rest to the stable track."""
+
+    @abstractmethod
+    def canary_weight(self) -> int:
+        """The canary track's current share of the traffic, in percent."""
+
+    def scrape(self, model: str) -> list[ModelCounters] | None:
+        """The canary servers' request counters (TF Serving's Prometheus metrics); None where the backend has none and
+        the verifier measures its own requests."""
+        return None
+
+    @abstractmethod
+    def check_version(self, model: str, version: int) -> None:
+        """Raises BackendError when `version` cannot be rolled out (not published, files changed)."""
+
+
+class LocalBackend(Backend):
+    """`mlops serve --model-config <repo>/models.config` (stable) and `--model-config <repo>/models.canary.config`
+    (canary) processes. There is no router on this machine: the weight is recorded in <repo>/.rollouts/<model>-routes
+    .json for whatever routes traffic, and the verifier's own requests are what each window measures."""
+
+    name = "local"
+
+    def __init__(self, base_dir: str | Path, model: str, endpoints: dict[str, list[Endpoint]],
+                 timeout_s: float = 5.0) -> None:
+        super().__init__(LocalStateStore(base_dir, model), endpoints)
+        self.base_dir = Path(base_dir)
+        self.model = model
+        self.timeout_s = timeout_s
+        self.routes_path = self.base_dir / ".rollouts" / f"{model}-routes.json"
+
+    def _repository(self, track: str) -> ModelRepository:
+        return ModelRepository.for_track(self.base_dir, track)
+
+    def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
+        repository = self._repository(track)
+        return repository.served_versions(model), repository.labels(model)
+
+    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        if self.track_config(model, track) == (sorted(versions), dict(labels)):
+            return
+        try:
+            self._repository(track).serve(model, versions, labels)
+        except RepositoryError as e:
+            raise BackendError(str(e)) from e
+
+    def _rest(self, track: str):
+        from serving.client import RestClient
+
+        return [RestClient(endpoint.rest, retries=0) for endpoint in self.endpoints(track)]
+
+    def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
+        from serving.client import ModelNotFoundError, ServingError
+
+        views = []
+        for client in self._rest(track):
+            with client:
+                try:
+                    [status] = client.status(model, version=version, timeout=self.timeout_s)
+                    views.append(ServerView(client.address, status.state, status.error_message))
+                except ModelNotFoundError:
+                    views.append(ServerView(client.address, "NOT_FOUND"))
+                except (ServingError, OSError) as e:
+                    views.append(ServerView(client.address, "UNREACHABLE", str(e)))
+        return views
+
+    def label_views(self, model: str, track: str, label: str) -> list[int | None]:
+        from serving.client import ServingError
+
+        versions: list[int | None] = []
+        for client in self._rest(track):
+            with client:
+                try:
+                    [status] = client.status(model, label=label, timeout=self.timeout_s)
+                    versions.append(status.version if status.state == "AVAILABLE" else None)
+                except (ServingError, OSError):
+                    versions.append(None)
+        return versions
+
+    def set_canary_weight(self, percent: int) -> None:
+        if self.canary_weight() == percent and self.routes_path.exists():
+            return
+        self.routes_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".routes.", dir=self.routes_path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"stable": 100 - percent, "canary": percent}, f)
+        os.replace(tmp, self.routes_path)
+
+    def canary_weight(self) -> int:
+        try:
+            return int(json.loads(self.routes_path.read_text())["canary"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    def check_version(self, model: str, version: int) -> None:
+        repository = ModelRepository(self.base_dir)
+        if version not in repository.versions(model):
+            raise BackendError(f"version {version} of {model!r} is not published under {repository.model_dir(model)} "
+                               f"(published: {repository.versions(model)}); run the pipeline or pick one of those.")
+        check = repository.verify(model, version)
+        if check.state == "MISMATCH":
+            raise BackendError(f"version {version} of {model!r} does not match its checksum manifest "
+                               f"({'; '.join(check.problems[:5])}); publish it again as a new version.")

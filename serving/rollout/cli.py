@@ -1,0 +1,138 @@
+"""`mlops versions` (what the model repository holds) and `mlops rollout start|status|promote|rollback`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from serving.model_repository import TRACK_CONFIG_FILES, ModelRepository
+
+
+def register(subparsers: argparse._SubParsersAction,
+             add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    versions = subparsers.add_parser(
+        "versions", help="list the model repository's versions: blessing, export verdict, checksums, labels")
+    add_config_args(versions)
+    versions.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    versions.set_defaults(handler=versions_command)
+
+    rollout = subparsers.add_parser("rollout", help="move a published version to traffic: verify, promote, roll back")
+    actions = rollout.add_subparsers(dest="action", required=True)
+    start = actions.add_parser("start", help="start (or resume) the rollout of a version")
+    start.add_argument("--version", type=int, required=True, help="the published version to roll out")
+    start.add_argument("--no-wait", action="store_true",
+                       help="after promotion, return instead of waiting out rollout.keep_previous_seconds")
+    status = actions.add_parser("status", help="the rollout in progress and the recorded outcomes")
+    status.add_argument("--json", action="store_true", help="print the whole state document as JSON")
+    promote = actions.add_parser("promote", help="promote the candidate now (or retire the kept previous version)")
+    promote.add_argument("--no-wait", action="store_true", help="do not wait out rollout.keep_previous_seconds")
+    actions.add_parser("rollback", help="roll the current rollout back (also just after a promotion)")
+    for action in (start, status, promote, actions.choices["rollback"]):
+        add_config_args(action)
+    rollout.set_defaults(handler=rollout_command)
+
+
+def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
+    """One row per published version: blessing, export verdict, checksum state, labels and serving tracks."""
+    repository = ModelRepository(base_dir)
+    tracks = {track: ModelRepository.for_track(base_dir, track) for track in TRACK_CONFIG_FILES}
+    served = {track: set(r.served_versions(model)) for track, r in tracks.items()}
+    labels = {track: r.labels(model) for track, r in tracks.items()}
+    rows = []
+    for version in repository.versions(model):
+        folder = repository.version_dir(model, version)
+        publication = repository.publication(model, version)
+        try:
+            export = "passed" if json.loads((folder / "export_report.json").read_text())["passed"] else "FAILED"
+        except (OSError, ValueError, KeyError):
+            export = "no report"
+        check = repository.verify(model, version)
+        blessed = publication.get("blessed")
+        rows.append({
+            "version": version,
+            "blessed": "yes" if blessed else ("no" if blessed is False else "unknown"),
+            "export": export,
+            "checksums": check.state,
+            "checksum_problems": check.problems,
+            "labels": sorted(f"{label}" for track in tracks for label, v in labels[track].items() if v == version),
+            "served_by": sorted(track for track in tracks if version in served[track]),
+            "published_at": publication.get("published_at", ""),
+        })
+    return rows
+
+
+def versions_command(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    rows = version_rows(config.serving_base_dir, config.model_name)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no published version of {config.model_name!r} under {config.serving_base_dir}; run the pipeline.")
+        return 0
+    print(f"{'version':>7}  {'blessed':<8} {'export':<9} {'checksums':<11} {'labels':<15} {'served by':<15} "
+          "published")
+    for row in rows:
+        print(f"{row['version']:>7}  {row['blessed']:<8} {row['export']:<9} {row['checksums']:<11} "
+              f"{','.join(row['labels']) or '-':<15} {','.join(row['served_by']) or '-':<15} {row['published_at']}")
+        for problem in row["checksum_problems"][:5]:
+            print(f"         ! {problem}")
+    return 0
+
+
+def _print_status(document: dict[str, Any]) -> None:
+    from serving.rollout.controller import describe_figures
+
+    current = document.get("current")
+    if current is None:
+        print("no rollout in progress")
+    else:
+        weight = current["steps"][current["step"] - 1] if current.get("step") else 0
+        print(f"rollout {current['id']}: version {current['candidate']} over stable {current['stable']}, phase "
+              f"{current['phase']}, canary traffic {weight}%")
+        for event in current.get("events", [])[-5:]:
+            print(f"  {event['at']}  {event['message']}")
+    for record in document.get("history", [])[-5:]:
+        print(f"{record['finished_at']}  version {record['candidate']} over {record['stable']}: {record['outcome']}"
+              + (f" ({record['reason']})" if record.get("reason") else ""))
+        for event in record.get("events", []):
+            if "figures" in event:
+                print(f"    {describe_figures(event['figures'])}")
+
+
+def rollout_command(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from serving.model_repository import RepositoryError
+    from serving.rollout.backends import BackendError
+    from serving.rollout.controller import RolloutError
+    from serving.rollout.factory import build_controller
+    from serving.rollout.state import ControllerBusyError, StateConflictError
+    from serving.rollout.verify import GoldenDataError
+
+    config = load_config(args.config, args.overrides)
+    controller = build_controller(config)
+    try:
+        if args.action == "status":
+            document = controller.document()
+            print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")
+            if not args.json:
+                _print_status(document)
+            return 0
+        if args.action == "start":
+            record = controller.start(args.version, wait_retain=not args.no_wait)
+        elif args.action == "promote":
+            record = controller.promote(wait_retain=not args.no_wait)
+        else:
+            record = controller.rollback()
+    except (RolloutError, BackendError, RepositoryError, GoldenDataError, ControllerBusyError,
+            StateConflictError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    outcome = record.get("outcome")
+    if outcome == "rolled_back":
+        return 3
+    return 0

@@ -1,0 +1,360 @@
+"""The rollout controller: one candidate version, loaded on the canary track, verified before each traffic step,
+then promoted to the stable track or rolled back.
+
+Every step is a phase whose action is a pure function of (stable, candidate, phase): it writes the configs or
+weights that phase wants (nothing when they are already so), waits for the servers to agree, and only then records
+the next phase. A controller killed anywhere re-reads the state and repeats the current phase, which changes nothing
+that was already done, so it finishes with the same end state and records each outcome once.
+
+TF Serving's rules it keeps: a label only moves to a version already AVAILABLE (load, wait, then label), and as an
+unversioned request goes to the highest loaded version, the candidate is loaded only on the canary track, which
+gets traffic through the weights alone.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from serving.rollout.backends import Backend
+from serving.rollout.state import StateConflictError
+from serving.rollout.verify import Verifier
+
+STABLE, CANARY = "stable", "canary"
+ROLLBACK_PHASES = ("rollback_route", "rollback_canary_load", "rollback_canary_label", "revert_label", "revert_unload")
+PHASES = ("load", "label", "verify", "promote_load", "promote_label", "promote_route", "retain", *ROLLBACK_PHASES)
+
+
+class RolloutError(RuntimeError):
+    """A rollout command that cannot be carried out as asked; the message says what to do instead."""
+
+
+class WaitFailed(RuntimeError):
+    pass
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+class Controller:
+    def __init__(self, backend: Backend, model: str, steps: list[int], verifier_factory: Callable[[], Verifier],
+                 load_timeout_s: float, keep_previous_s: float, poll_s: float,
+                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.backend = backend
+        self.model = model
+        self.steps = list(steps)
+        self.verifier_factory = verifier_factory
+        self._verifier: Verifier | None = None
+        self.load_timeout_s = load_timeout_s
+        self.keep_previous_s = keep_previous_s
+        self.poll_s = poll_s
+        self.log = log
+        self.sleep = sleep
+
+    # State
+
+    def document(self) -> dict[str, Any]:
+        return self.backend.store.load()[0]
+
+    def _commit(self, current: dict[str, Any] | None, event: dict[str, Any] | None = None,
+                finished: dict[str, Any] | None = None) -> None:
+        document, token = self.backend.store.load()
+        stored = document.get("current")
+        if current is not None and stored is not None and stored.get("id") != current.get("id"):
+            raise StateConflictError("another rollout took over this model's state; stop and read `rollout status`.")
+        if current is not None and event is not None:
+            current = {**current, "events": [*current.get("events", []), {"at": _stamp(_now()), **event}]}
+        document = {**document, "current": current}
+        if finished is not None:
+            document["history"] = [*document.get("history", []), finished]
+        self.backend.store.save(document, token)
+        self._current = current
+
+    def _advance(self, state: dict[str, Any], phase: str, message: str, **changes: Any) -> dict[str, Any]:
+        figures = changes.pop("figures", None)
+        new = {**state, **changes, "phase": phase}
+        self._commit(new, {"phase": state["phase"], "next": phase, "message": message,
+                           **({"figures": figures} if figures is not None else {})})
+        self.log(message)
+        return self._current
+
+    # Commands
+
+    def start(self, candidate: int, wait_retain: bool = True) -> dict[str, Any]:
+        """Starts a rollout of `candidate`, or resumes the one in progress for it; returns the finished record."""
+        with self.backend.store.exclusive():
+            document = self.document()
+            current = document.get("current")
+            if current is not None and current["candidate"] != candidate:
+                if current["phase"] != "retain":
+                    raise RolloutError(
+                        f"a rollout of version {current['candidate']} is in progress (phase {current['phase']}); "
+                        "finish it with `mlops rollout start --version "
+                        f"{current['candidate']}`, or `mlops rollout promote` / `rollback` first.")
+                self.log(f"retiring version {current['stable']} early: a new rollout starts")
+                self._run(current, retire_now=True)
+                current = None
+            if current is None:
+                current = self._new(candidate)
+            else:
+                self.log(f"resuming the rollout of version {candidate} at phase {current['phase']}")
+            return self._run(current, wait_retain=wait_retain)
+
+    def promote(self, wait_retain: bool = True) -> dict[str, Any]:
+        """Promotes the current candidate now (skipping the remaining steps), or, once promoted, retires the
+        previous version without waiting out its keep time."""
+        with self.backend.store.exclusive():
+            current = self._require_current()
+            if current["phase"] in ROLLBACK_PHASES:
+                raise RolloutError(f"the rollout of version {current['candidate']} is rolling back; it cannot be "
+                                   "promoted. Run `mlops rollout start` to let the rollback finish.")
+            if current["phase"] == "retain":
+                return self._run(current, retire_now=True)
+            if current["phase"] in ("load", "label", "verify"):
+                current = self._advance(current, "promote_load", f"promotion of version {current['candidate']} "
+                                        "asked for by hand: skipping the remaining steps", manual=True)
+            return self._run(current, wait_retain=wait_retain)
+
+    def rollback(self, reason: str = "asked for by hand") -> dict[str, Any]:
+        """Rolls the current rollout back: before promotion all traffic returns to stable and the canary is removed;
+        after promotion (while the previous version is kept) the previous version becomes stable again."""
+        with self.backend.store.exclusive():
+            current = self._require_current()
+            if current["phase"] not in ROLLBACK_PHASES:
+                current = self._begin_rollback(current, reason)
+            return self._run(current)
+
+    def _require_current(self) -> dict[str, Any]:
+        current = self.document().get("current")
+        if current is None:
+            raise RolloutError(f"no rollout of {self.model!r} is in progress; start one with "
+                               "`mlops rollout start --version V`.")
+        return current
+
+    def _new(self, candidate: int) -> dict[str, Any]:
+        _, labels = self.backend.track_config(self.model, STABLE)
+        stable = labels.get(STABLE)
+        if stable is None:
+            raise RolloutError(f"no version of {self.model!r} is labelled stable yet; publish one first (the first "
+                               "published version serves as stable).")
+        if candidate == stable:
+            raise RolloutError(f"version {candidate} is already the stable version of {self.model!r}.")
+        self.backend.check_version(self.model, candidate)
+        state = {"id": uuid.uuid4().hex[:12], "model": self.model, "backend": self.backend.name,
+                 "stable": stable, "candidate": candidate, "steps": self.steps, "step": 0, "phase": "load",
+                 "started_at": _stamp(_now()), "events": []}
+        self._commit(state, {"phase": "start", "next": "load",
+                             "message": f"rollout of version {candidate} over stable {stable} started"})
+        self.log(f"rollout {state['id']}: version {candidate} of {self.model!r} against stable {stable} on the "
+                 f"{self.backend.name} backend, steps {self.steps}")
+        return self._current
+
+    # The state machine
+
+    def _run(self, state: dict[str, Any], wait_retain: bool = True, retire_now: bool = False) -> dict[str, Any]:
+        while True:
+            phase = state["phase"]
+            if phase == "retain":
+                return self._retain(state, wait_retain, retire_now) or state
+            if phase == "rollback_canary_label":
+                return self._rollback_canary_label(state)
+            state = getattr(self, f"_{phase}")(state)
+
+    def _load(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        self.backend.set_track(self.model, CANARY, [S, C], {CANARY: S})
+        try:
+            self._wait_loaded(CANARY, C)
+        except WaitFailed as e:
+            return self._begin_rollback(s, f"version {C} did not load on the canary servers: {e}")
+        return self._advance(s, "label", f"version {C} is AVAILABLE on every canary server")
+
+    def _label(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        self.backend.set_track(self.model, CANARY, [C], {CANARY: C})
+        try:
+            self._wait_label(CANARY, C)
+        except WaitFailed as e:
+            return self._begin_rollback(s, f"the canary label did not move to version {C}: {e}")
+        return self._advance(s, "verify", f"label canary -> {C} on every canary server (version {S} unloaded there)")
+
+    def _verify(self, s: dict[str, Any]) -> dict[str, Any]:
+        C, step = s["candidate"], s["step"]
+        weight = self.steps[step - 1] if step else 0
+        self.backend.set_canary_weight(weight)  # idempotent: what the last committed step set
+        verifier = self._verifier or self.verifier_factory()
+        self._verifier = verifier
+        views = self.backend.version_views(self.model, CANARY, C)
+        not_available = [v for v in views if v.state != "AVAILABLE"]
+        figures: dict[str, Any] = {"weight": weight, "canary_servers": len(views)}
+        if not_available:
+            figures["error"] = "candidate not AVAILABLE: " + ", ".join(f"{v.server} {v.state} {v.error}".strip()
+                                                                      for v in not_available)
+        else:
+            figures["golden"] = verifier.golden(s["stable"], C)
+            figures["error"] = figures["golden"].get("error")
+            if not figures["error"]:
+                figures["window"] = verifier.window(C)
+                figures["error"] = figures["window"].get("error")
+        self.log(f"verification at {weight}% canary traffic: {describe_figures(figures)}")
+        if figures["error"]:
+            return self._begin_rollback(s, f"verification at {weight}% failed: {figures['error']}", figures=figures)
+        figures.pop("error")
+        if step < len(self.steps):
+            self.backend.set_canary_weight(self.steps[step])
+            return self._advance(s, "verify", f"verified at {weight}%; canary now takes {self.steps[step]}% of the "
+                                 "traffic", step=step + 1, figures=figures)
+        return self._advance(s, "promote_load", f"verified at {weight}%: promoting version {C}", figures=figures)
+
+    def _promote_load(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        self.backend.set_track(self.model, STABLE, [S, C], {STABLE: S})
+        try:
+            self._wait_loaded(STABLE, C)
+        except WaitFailed as e:
+            return self._begin_rollback(s, f"version {C} did not load on the stable servers: {e}",
+                                        phase="revert_unload")
+        return self._advance(s, "promote_label", f"version {C} is AVAILABLE on every stable server")
+
+    def _promote_label(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        self.backend.set_track(self.model, STABLE, [S, C], {STABLE: C})
+        self._wait_label(STABLE, C, must=True)
+        return self._advance(s, "promote_route", f"label stable -> {C}; version {S} stays loaded")
+
+    def _promote_route(self, s: dict[str, Any]) -> dict[str, Any]:
+        self.backend.set_canary_weight(0)
+        until = _now() + self.keep_previous_s
+        return self._advance(s, "retain", f"all traffic on the stable servers, now version {s['candidate']}; version "
+                             f"{s['stable']} stays loaded until {_stamp(until)} for an instant rollback",
+                             retain_until=until)
+
+    def _retain(self, s: dict[str, Any], wait: bool, retire_now: bool) -> dict[str, Any] | None:
+        remaining = s["retain_until"] - _now()
+        if remaining > 0 and not retire_now:
+            if not wait:
+                self.log(f"version {s['stable']} stays loaded for {remaining:.0f}s more; the next rollout command "
+                         "after that retires it")
+                return None
+            self.log(f"keeping version {s['stable']} loaded for {remaining:.0f}s (mlops rollout rollback reverts "
+                     "instantly meanwhile)")
+            while (remaining := s["retain_until"] - _now()) > 0:
+                self.sleep(min(self.poll_s, remaining))
+                latest = self.document().get("current")
+                if latest is None or latest.get("id") != s["id"] or latest["phase"] != "retain":
+                    raise RolloutError("the rollout state changed while waiting (another command rolled it back); "
+                                       "see `mlops rollout status`.")
+        C = s["candidate"]
+        self.backend.set_track(self.model, STABLE, [C], {STABLE: C})
+        return self._finish(s, "promoted", f"version {C} is stable; version {s['stable']} unloaded")
+
+    def _begin_rollback(self, s: dict[str, Any], reason: str, phase: str | None = None,
+                        figures: dict[str, Any] | None = None) -> dict[str, Any]:
+        if phase is None:
+            phase = "revert_label" if s["phase"] == "retain" else "rollback_route"
+        _, canary_labels = self.backend.track_config(self.model, CANARY)
+        changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
+        if figures is not None:
+            changes["figures"] = figures
+        self.log(f"ROLLING BACK: {reason}")
+        return self._advance(s, phase, f"rolling back version {s['candidate']}: {reason}", **changes)
+
+    def _revert_label(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        self.backend.set_track(self.model, STABLE, [S, C], {STABLE: S})
+        self._wait_label(STABLE, S, must=True)
+        return self._advance(s, "revert_unload", f"label stable -> {S} again (it was still loaded)")
+
+    def _revert_unload(self, s: dict[str, Any]) -> dict[str, Any]:
+        S = s["stable"]
+        self.backend.set_track(self.model, STABLE, [S], {STABLE: S})
+        return self._advance(s, "rollback_route", f"version {s['candidate']} unloaded from the stable servers")
+
+    def _rollback_route(self, s: dict[str, Any]) -> dict[str, Any]:
+        self.backend.set_canary_weight(0)
+        return self._advance(s, "rollback_canary_load", "all traffic on the stable servers")
+
+    def _rollback_canary_load(self, s: dict[str, Any]) -> dict[str, Any]:
+        S, C = s["stable"], s["candidate"]
+        label = s.get("canary_label_at_rollback") or S
+        self.backend.set_track(self.model, CANARY, sorted({S, C, label}), {CANARY: label})
+        self._wait_loaded(CANARY, S, must=True)
+        return self._advance(s, "rollback_canary_label", f"version {S} is AVAILABLE on every canary server")
+
+    def _rollback_canary_label(self, s: dict[str, Any]) -> dict[str, Any]:
+        S = s["stable"]
+        self.backend.set_track(self.model, CANARY, [S], {CANARY: S})
+        self._wait_label(CANARY, S, must=True)
+        return self._finish(s, "rolled_back", f"rolled back: version {S} serves everything, version "
+                            f"{s['candidate']} is unloaded ({s.get('reason', '')})")
+
+    def _finish(self, s: dict[str, Any], outcome: str, message: str) -> dict[str, Any]:
+        record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()),
+                  "events": [*s.get("events", []), {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
+                                                    "message": message}]}
+        self._commit(None, finished=record)
+        self.log(message)
+        return record
+
+    # Waiting for the servers
+
+    def _wait(self, condition: Callable[[], tuple[bool, str]], must: bool) -> None:
+        deadline = time.monotonic() + self.load_timeout_s
+        while True:
+            done, why = condition()
+            if done:
+                return
+            if why.startswith("failed:") and not must:
+                raise WaitFailed(why[len("failed:"):].strip())
+            if time.monotonic() > deadline:
+                if must:
+                    raise RolloutError(f"the servers did not reach the state this step needs within "
+                                       f"{self.load_timeout_s:.0f}s ({why}); fix them and run the same command again "
+                                       "to resume.")
+                raise WaitFailed(f"not AVAILABLE after {self.load_timeout_s:.0f}s ({why})")
+            self.sleep(self.poll_s)
+
+    def _wait_loaded(self, track: str, version: int, must: bool = False) -> None:
+        def condition() -> tuple[bool, str]:
+            views = self.backend.version_views(self.model, track, version)
+            failed = [v for v in views if v.state == "END" and v.error]
+            if failed:
+                return False, "failed: " + "; ".join(f"{v.server}: {v.error}" for v in failed)
+            waiting = [f"{v.server} {v.state}" for v in views if v.state != "AVAILABLE"]
+            return (bool(views) and not waiting), ", ".join(waiting) or "no server"
+
+        self._wait(condition, must)
+
+    def _wait_label(self, track: str, version: int, must: bool = False) -> None:
+        if not self.backend.supports_labels:
+            self._wait_loaded(track, version, must=must)
+            return
+
+        def condition() -> tuple[bool, str]:
+            seen = self.backend.label_views(self.model, track, track)
+            return (bool(seen) and all(v == version for v in seen)), f"label {track} answers {seen}"
+
+        self._wait(condition, must)
+
+
+def describe_figures(figures: dict[str, Any]) -> str:
+    parts = []
+    golden = figures.get("golden")
+    if golden and "rows" in golden:
+        parts.append(f"golden {golden['rows']} rows max|diff| REST {golden['rest_max_abs_diff']:.2e} gRPC "
+                     f"{golden['grpc_max_abs_diff']:.2e}")
+    window = figures.get("window")
+    if window:
+        parts.append(f"window {window['seconds']}s ({window['source']}) {window['requests']:.0f} requests, "
+                     f"error rate {window['error_rate']:.4f}, p99 {window['p99_ms']:.1f} ms")
+    if figures.get("error"):
+        parts.append(f"FAILED: {figures['error']}")
+    else:
+        parts.append("passed")
+    return "; ".join(parts)

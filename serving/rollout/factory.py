@@ -1,0 +1,47 @@
+"""Builds the controller for a PipelineConfig's `rollout` section and model."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from serving.rollout.backends import Backend, Endpoint, LocalBackend
+from serving.rollout.controller import Controller
+from serving.rollout.verify import Limits, Verifier, load_golden_rows
+
+
+def _endpoints(section) -> dict[str, list[Endpoint]]:
+    return {
+        "stable": [Endpoint(r, g) for r, g in zip(section.stable_rest, section.stable_grpc, strict=True)],
+        "canary": [Endpoint(r, g) for r, g in zip(section.canary_rest, section.canary_grpc, strict=True)],
+    }
+
+
+def build_backend(config) -> Backend:
+    rollout = config.rollout
+    if rollout.backend == "local":
+        return LocalBackend(config.serving_base_dir, config.model_name, _endpoints(rollout.local),
+                            rollout.request_timeout_seconds)
+    from serving.rollout import kube
+
+    if rollout.backend == "kubernetes":
+        return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
+                                      rollout.request_timeout_seconds)
+    return kube.KubeDLBackend(rollout.kubedl, config.model_name, _endpoints(rollout.kubedl),
+                              rollout.request_timeout_seconds)
+
+
+def build_controller(config, backend: Backend | None = None, log: Callable[[str], None] = print) -> Controller:
+    rollout = config.rollout
+    backend = backend or build_backend(config)
+    limits = Limits(rollout.max_abs_diff, rollout.max_error_rate, rollout.max_p99_ms, rollout.window_seconds,
+                    rollout.window_requests_per_second, rollout.request_timeout_seconds)
+
+    def verifier() -> Verifier:
+        rows = load_golden_rows(rollout.golden_data, config.pipeline_root, rollout.golden_rows)
+        return Verifier(backend, config.model_name, rows, limits, log)
+
+    def stamped(message: str) -> None:
+        log(f"{time.strftime('%H:%M:%S')} [rollout] {message}")
+
+    return Controller(backend, config.model_name, rollout.steps, verifier, rollout.load_timeout_seconds,
+                      rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped)

@@ -1,0 +1,86 @@
+"""TF Serving's Prometheus metrics (`--monitoring_config_file`): request counts by status and the latency histogram,
+turned into the error rate and p99 latency of a window (the difference of two scrapes)."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+REQUEST_COUNT = ":tensorflow:serving:request_count"
+REQUEST_LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
+_SAMPLE = re.compile(r'^(?P<name>[^\s{]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus_text(text: str) -> list[Sample]:
+    """The samples of a Prometheus text exposition (comments and blank lines skipped)."""
+    samples = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match.group("labels") or ""))
+        samples.append(Sample(match.group("name"), labels, float(match.group("value"))))
+    return samples
+
+
+@dataclass(frozen=True)
+class ModelCounters:
+    """Cumulative counters of one model on one server: requests by status, latency buckets (microseconds)."""
+
+    requests: dict[str, float]
+    latency_buckets: dict[float, float]
+
+
+def model_counters(samples: Iterable[Sample], model: str) -> ModelCounters:
+    requests: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for sample in samples:
+        if sample.name == REQUEST_COUNT and sample.labels.get("model_name") == model:
+            status = sample.labels.get("status", "OK")
+            requests[status] = requests.get(status, 0.0) + sample.value
+        elif sample.name == REQUEST_LATENCY_BUCKET and sample.labels.get("model_name", model) == model:
+            bound = math.inf if sample.labels.get("le") in ("+Inf", "Inf") else float(sample.labels.get("le", "inf"))
+            buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return ModelCounters(requests, buckets)
+
+
+def _add(total: dict, part: Mapping) -> None:
+    for key, value in part.items():
+        total[key] = total.get(key, 0.0) + value
+
+
+def window_figures(before: Iterable[ModelCounters], after: Iterable[ModelCounters]) -> dict[str, float]:
+    """Requests, errors, error rate and p99 latency (ms, the upper bound of the bucket holding the 99th percentile)
+    of the requests counted between two scrapes of the same servers."""
+    requests_before: dict[str, float] = {}
+    requests_after: dict[str, float] = {}
+    buckets_before: dict[float, float] = {}
+    buckets_after: dict[float, float] = {}
+    for counters in before:
+        _add(requests_before, counters.requests)
+        _add(buckets_before, counters.latency_buckets)
+    for counters in after:
+        _add(requests_after, counters.requests)
+        _add(buckets_after, counters.latency_buckets)
+    delta = {status: requests_after[status] - requests_before.get(status, 0.0) for status in requests_after}
+    total = sum(delta.values())
+    errors = total - delta.get("OK", 0.0)
+    cumulative = sorted((bound, buckets_after[bound] - buckets_before.get(bound, 0.0)) for bound in buckets_after)
+    p99_ms = 0.0
+    if cumulative and cumulative[-1][1] > 0:
+        needed = 0.99 * cumulative[-1][1]
+        bound = next(b for b, count in cumulative if count >= needed)
+        p99_ms = math.inf if math.isinf(bound) else bound / 1000.0
+    return {"requests": total, "errors": errors, "error_rate": errors / total if total else 0.0, "p99_ms": p99_ms}

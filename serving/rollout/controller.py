@@ -262,8 +262,7 @@ class Controller:
         changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
         if figures is not None:
             changes["figures"] = figures
-        self.log(f"ROLLING BACK: {reason}")
-        return self._advance(s, phase, f"rolling back version {s['candidate']}: {reason}", **changes)
+        return self._advance(s, phase, f"ROLLING BACK version {s['candidate']}: {reason}", **changes)
 
     def _revert_label(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]

@@ -1,5 +1,6 @@
 # The pipeline's image: the same locked environment as `make setup`, for Kubeflow Pipelines and TFJobs.
 # Build: docker build -t tfx-mlops:latest .
+# checkov:skip=CKV_DOCKER_2: the image runs batch commands (pipeline steps, TFJob workers), no server a health check could ask; Kubernetes watches the process itself.
 FROM python:3.10-slim-bookworm
 
 WORKDIR /app
@@ -15,6 +16,9 @@ COPY pipeline ./pipeline
 COPY components ./components
 COPY serving ./serving
 RUN uv pip install --system --no-deps -e .
+# Not root: the pipeline root volume must be writable for UID 10001 (k8s/training/README.md).
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin mlops
+USER 10001
 
 ENTRYPOINT ["mlops"]
 CMD ["--help"]

@@ -10,6 +10,9 @@ STAMP := $(VENV)/.synced
 # Node.js packages that run the exported TF.js model (@tensorflow/tfjs, pure JavaScript: nothing native to fetch).
 NODE_DIR := components/exporter/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.synced
+# Tools whose dependencies clash with the ML stack (checkov), with kubectl and kubernetes-validate: their own venv.
+TOOLS_VENV := .venv-tools
+TOOLS_STAMP := $(TOOLS_VENV)/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 
@@ -21,7 +24,7 @@ help:
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 
-setup: $(STAMP) $(NODE_STAMP)
+setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):
@@ -37,6 +40,11 @@ $(STAMP): requirements.lock setup.py | $(UV)
 	$(UV) pip install --python $(PY) --no-deps -e .
 	@touch $(STAMP)
 
+$(TOOLS_STAMP): requirements-tools.lock | $(UV)
+	@[ -x $(TOOLS_VENV)/bin/python ] || $$(scripts/find_python310.sh) -m venv $(TOOLS_VENV)
+	$(UV) pip sync --python $(TOOLS_VENV)/bin/python requirements-tools.lock
+	@touch $(TOOLS_STAMP)
+
 $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: the TF.js export is verified in Node.js 18+;" \
 	  "install it (Debian: apt install nodejs npm)." >&2; exit 1; }
@@ -46,6 +54,8 @@ $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 lock: | $(UV)
 	$(UV) pip compile requirements.in --override overrides.txt --python-version 3.10 \
 	  --python-platform x86_64-manylinux_2_36 -o requirements.lock
+	$(UV) pip compile requirements-tools.in --python-version 3.10 \
+	  --python-platform x86_64-manylinux_2_36 -o requirements-tools.lock
 
 demo: setup
 	$(VENV)/bin/mlops run --config $(CONFIG) --serve-after

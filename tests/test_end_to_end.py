@@ -18,7 +18,7 @@ from pipeline.runner import run_local
 from tests.conftest import as_cli_flags, small_config, small_overrides
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
-             "Transform", "Tuner", "Trainer", "Optimizer", "Evaluator", "Exporter", "Pusher"]
+             "Transform", "Tuner", "Trainer", "Optimizer", "Evaluator", "Exporter", "Publisher"]
 EXPORTED_FILES = ["saved_model.pb", "variables/variables.index", "tflite/model_float32.tflite",
                   "tflite/model_dynamic.tflite", "tflite/model_float16.tflite", "tflite/model_int8.tflite",
                   "tflite/preprocessing.json", "onnx/model.onnx", "onnx/preprocessing.json", "tfjs/model.json",

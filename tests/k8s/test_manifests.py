@@ -136,7 +136,7 @@ def test_checkov_finds_nothing_and_every_skip_has_a_reason(rendered, tmp_path):
         (tmp_path / path.name).write_text(path.read_text())
     (tmp_path / "Dockerfile").write_text((REPO / "Dockerfile").read_text())
     result = subprocess.run(
-        [tool("checkov"), "-d", str(tmp_path), "--framework", "kubernetes", "dockerfile", "--quiet", "--compact",
+        [tool("checkov"), "-d", str(tmp_path), "--framework", "kubernetes", "dockerfile", "--compact",
          "--skip-download", "-o", "json"],
         capture_output=True, text=True, cwd=tmp_path,
     )

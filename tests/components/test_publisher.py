@@ -1,0 +1,67 @@
+"""The Publisher's plain function: staged, checksummed, numbered versions; the same model is the same version; a
+changed file is caught; publishing serves nothing after the first version; `mlops versions` reports it all."""
+import json
+
+import pytest
+
+from components.publisher.publish import publish_model
+from serving.model_repository import ModelRepository, RepositoryError
+from serving.rollout.cli import version_rows
+from tests.serving.conftest import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("exports")
+    out = {}
+    for name, bias in (("a", 1.0), ("b", 2.0)):
+        path = save_tiny_model(folder / name, bias)
+        (path / "export_report.json").write_text(json.dumps({"passed": True}))
+        out[name] = path
+    return out
+
+
+def test_versions_grow_and_the_same_model_is_the_same_version(tmp_path, exports):
+    base = tmp_path / "serving"
+    first = publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
+    assert (first.version, first.new, first.bootstrapped) == (1, True, ("stable", "canary"))
+    again = publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
+    assert (again.version, again.new, again.bootstrapped) == (1, False, ())
+    second = publish_model(str(exports["b"]), str(base), "taxi", {"blessed": True})
+    assert (second.version, second.new, second.bootstrapped) == (2, True, ())
+    repository = ModelRepository(base)
+    assert repository.labels("taxi") == {"stable": 1}, "publishing version 2 routes nothing to it"
+    assert ModelRepository.for_track(base, "canary").labels("taxi") == {"canary": 1}
+    assert sorted(p.name for p in (base / "taxi").iterdir()) == ["1", "2"], "no staging folder is left behind"
+    manifest = json.loads((base / "taxi" / "2" / "MANIFEST.json").read_text())["files"]
+    assert {"saved_model.pb", "publication.json", "export_report.json"} <= set(manifest)
+
+
+def test_a_failed_export_report_is_never_published(tmp_path, exports):
+    failed = tmp_path / "failed"
+    save_tiny_model(failed, 0.5)
+    (failed / "export_report.json").write_text(json.dumps({"passed": False}))
+    with pytest.raises(RepositoryError, match="never published"):
+        publish_model(str(failed), str(tmp_path / "serving"), "taxi", {"blessed": True})
+    assert not (tmp_path / "serving" / "taxi").exists()
+
+
+def test_versions_lists_blessing_export_checksums_and_labels(tmp_path, exports):
+    base = tmp_path / "serving"
+    publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
+    publish_model(str(exports["b"]), str(base), "taxi", {"blessed": True})
+    ModelRepository(base).add_version("taxi", exports["a"], version=3)  # by hand: no publication record
+    (base / "taxi" / "2" / "export_report.json").write_text(json.dumps({"passed": True, "tampered": 1}))
+    rows = {row["version"]: row for row in version_rows(str(base), "taxi")}
+    assert rows[1]["blessed"] == "yes" and rows[1]["export"] == "passed" and rows[1]["checksums"] == "ok"
+    assert rows[1]["labels"] == ["canary", "stable"] and rows[1]["served_by"] == ["canary", "stable"]
+    assert rows[2]["checksums"] == "MISMATCH" and rows[2]["checksum_problems"] == ["export_report.json: changed"]
+    assert rows[2]["labels"] == [] and rows[2]["served_by"] == []
+    assert rows[3]["blessed"] == "unknown"
+
+
+def test_a_version_below_the_latest_is_refused(tmp_path, exports):
+    repository = ModelRepository(tmp_path / "serving")
+    repository.add_version("taxi", exports["a"], version=5)
+    with pytest.raises(RepositoryError, match="only grow"):
+        repository.add_version("taxi", exports["b"], version=4)

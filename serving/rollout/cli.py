@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from serving.model_repository import TRACK_CONFIG_FILES, ModelRepository
@@ -24,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction,
     start.add_argument("--version", type=int, required=True, help="the published version to roll out")
     start.add_argument("--no-wait", action="store_true",
                        help="after promotion, return instead of waiting out rollout.keep_previous_seconds")
+    start.add_argument("--retry", action="store_true",
+                       help="roll out again a version whose last rollout was rolled back (without it, `start` "
+                            "reports that outcome and does nothing)")
     status = actions.add_parser("status", help="the rollout in progress and the recorded outcomes")
     status.add_argument("--json", action="store_true", help="print the whole state document as JSON")
     promote = actions.add_parser("promote", help="promote the candidate now (or retire the kept previous version)")
@@ -84,8 +88,9 @@ def versions_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(document: dict[str, Any]) -> None:
+def _print_status(document: dict[str, Any], report_dir: Path | None) -> None:
     from serving.rollout.controller import describe_figures
+    from serving.rollout.report import report_paths
 
     current = document.get("current")
     if current is None:
@@ -102,6 +107,9 @@ def _print_status(document: dict[str, Any]) -> None:
         for event in record.get("events", []):
             if "figures" in event:
                 print(f"    {describe_figures(event['figures'])}")
+        page = report_paths(report_dir, record)[1] if report_dir is not None else None
+        if page is not None and page.exists():
+            print(f"    report: {page}")
 
 
 def rollout_command(args: argparse.Namespace) -> int:
@@ -120,10 +128,10 @@ def rollout_command(args: argparse.Namespace) -> int:
             document = controller.document()
             print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")
             if not args.json:
-                _print_status(document)
+                _print_status(document, controller.report_dir)
             return 0
         if args.action == "start":
-            record = controller.start(args.version, wait_retain=not args.no_wait)
+            record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry)
         elif args.action == "promote":
             record = controller.promote(wait_retain=not args.no_wait)
         else:

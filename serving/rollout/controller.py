@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from serving.rollout.backends import Backend
+from serving.rollout.backends import Backend, BackendError
+from serving.rollout.report import write_report
 from serving.rollout.state import StateConflictError
 from serving.rollout.verify import Verifier
 
@@ -45,7 +47,8 @@ def _stamp(seconds: float) -> str:
 class Controller:
     def __init__(self, backend: Backend, model: str, steps: list[int], verifier_factory: Callable[[], Verifier],
                  load_timeout_s: float, keep_previous_s: float, poll_s: float,
-                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> None:
+                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+                 report_dir: str | Path | None = None, limits: dict[str, Any] | None = None) -> None:
         self.backend = backend
         self.model = model
         self.steps = list(steps)
@@ -56,6 +59,9 @@ class Controller:
         self.poll_s = poll_s
         self.log = log
         self.sleep = sleep
+        # Each finished rollout lands there as <model>-v<candidate>-<id>.json and .html (serving/rollout/report.py).
+        self.report_dir = Path(report_dir) if report_dir is not None else None
+        self.limits = limits
 
     # State
 
@@ -86,11 +92,21 @@ class Controller:
 
     # Commands
 
-    def start(self, candidate: int, wait_retain: bool = True) -> dict[str, Any]:
-        """Starts a rollout of `candidate`, or resumes the one in progress for it; returns the finished record."""
+    def start(self, candidate: int, wait_retain: bool = True, retry: bool = False) -> dict[str, Any]:
+        """Starts a rollout of `candidate`, or resumes the one in progress for it; returns the finished record.
+
+        Run again after the rollout of `candidate` finished (a controller killed just after recording the outcome
+        is started again with the same command), it returns that outcome and does nothing; `retry` starts a new
+        rollout of a version whose last one was rolled back."""
         with self.backend.store.exclusive():
             document = self.document()
             current = document.get("current")
+            last = (document.get("history") or [None])[-1]
+            if current is None and last is not None and last["candidate"] == candidate and not retry:
+                advice = "; pass --retry to roll it out again" if last["outcome"] == "rolled_back" else ""
+                self.log(f"the rollout of version {candidate} already finished at {last['finished_at']}: "
+                         f"{last['outcome']}{advice}")
+                return last
             if current is not None and current["candidate"] != candidate:
                 if current["phase"] != "retain":
                     raise RolloutError(
@@ -148,7 +164,7 @@ class Controller:
         self.backend.check_version(self.model, candidate)
         state = {"id": uuid.uuid4().hex[:12], "model": self.model, "backend": self.backend.name,
                  "stable": stable, "candidate": candidate, "steps": self.steps, "step": 0, "phase": "load",
-                 "started_at": _stamp(_now()), "events": []}
+                 "started_at": _stamp(_now()), "events": [], **({"limits": self.limits} if self.limits else {})}
         self._commit(state, {"phase": "start", "next": "load",
                              "message": f"rollout of version {candidate} over stable {stable} started"})
         self.log(f"rollout {state['id']}: version {candidate} of {self.model!r} against stable {stable} on the "
@@ -187,7 +203,14 @@ class Controller:
     def _verify(self, s: dict[str, Any]) -> dict[str, Any]:
         C, step = s["candidate"], s["step"]
         weight = self.steps[step - 1] if step else 0
-        self.backend.set_canary_weight(weight)  # idempotent: what the last committed step set
+        try:
+            # Again before every step: a published version's files must not change under a running rollout.
+            self.backend.check_version(self.model, C)
+        except BackendError as e:
+            return self._begin_rollback(s, str(e))
+        # The weight of the committed step is set here, never before its commit: a controller killed in between
+        # would otherwise set the previous step's weight again on resuming (traffic flapping back and forth).
+        self.backend.set_canary_weight(weight)
         verifier = self._verifier or self.verifier_factory()
         self._verifier = verifier
         views = self.backend.version_views(self.model, CANARY, C)
@@ -207,9 +230,8 @@ class Controller:
             return self._begin_rollback(s, f"verification at {weight}% failed: {figures['error']}", figures=figures)
         figures.pop("error")
         if step < len(self.steps):
-            self.backend.set_canary_weight(self.steps[step])
-            return self._advance(s, "verify", f"verified at {weight}%; canary now takes {self.steps[step]}% of the "
-                                 "traffic", step=step + 1, figures=figures)
+            return self._advance(s, "verify", f"verified at {weight}%; the canary's share of the traffic moves to "
+                                 f"{self.steps[step]}%", step=step + 1, figures=figures)
         return self._advance(s, "promote_load", f"verified at {weight}%: promoting version {C}", figures=figures)
 
     def _promote_load(self, s: dict[str, Any]) -> dict[str, Any]:
@@ -266,7 +288,9 @@ class Controller:
 
     def _revert_label(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
-        self.backend.set_track(self.model, STABLE, [S, C], {STABLE: S})
+        # Where a server serves one version (KubeDL), there is no label to move: the track goes back to S.
+        versions = [S, C] if S in self.backend.loaded_versions([S, C]) else [S]
+        self.backend.set_track(self.model, STABLE, versions, {STABLE: S})
         self._wait_label(STABLE, S, must=True)
         return self._advance(s, "revert_unload", f"label stable -> {S} again (it was still loaded)")
 
@@ -282,7 +306,10 @@ class Controller:
     def _rollback_canary_load(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
         label = s.get("canary_label_at_rollback") or S
-        self.backend.set_track(self.model, CANARY, sorted({S, C, label}), {CANARY: label})
+        versions = sorted({S, C, label})
+        if S not in self.backend.loaded_versions(versions):  # one version per server (KubeDL): no label to keep
+            versions, label = [S], S
+        self.backend.set_track(self.model, CANARY, versions, {CANARY: label})
         self._wait_loaded(CANARY, S, must=True)
         return self._advance(s, "rollback_canary_label", f"version {S} is AVAILABLE on every canary server")
 
@@ -297,8 +324,12 @@ class Controller:
         record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()),
                   "events": [*s.get("events", []), {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
                                                     "message": message}]}
+        # The page before the commit: a controller killed in between writes it again, from the record it commits.
+        page = write_report(self.report_dir, record) if self.report_dir is not None else None
         self._commit(None, finished=record)
         self.log(message)
+        if page is not None:
+            self.log(f"report: {page}")
         return record
 
     # Waiting for the servers

@@ -1,8 +1,10 @@
 """Builds the controller for a PipelineConfig's `rollout` section and model."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from serving.rollout.backends import Backend, Endpoint, LocalBackend
 from serving.rollout.controller import Controller
@@ -44,4 +46,13 @@ def build_controller(config, backend: Backend | None = None, log: Callable[[str]
         log(f"{time.strftime('%H:%M:%S')} [rollout] {message}")
 
     return Controller(backend, config.model_name, rollout.steps, verifier, rollout.load_timeout_seconds,
-                      rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped)
+                      rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped,
+                      report_dir=report_dir(config), limits=dataclasses.asdict(limits))
+
+
+def report_dir(config) -> Path:
+    """Where finished rollouts land as JSON and HTML: beside the local state file, else under the output root (the
+    cluster backends keep their state in a ConfigMap)."""
+    if config.rollout.backend == "local":
+        return Path(config.serving_base_dir) / ".rollouts"
+    return Path(config.output_root) / "rollouts"

@@ -223,23 +223,31 @@ class RolloutKubernetesConfig:
     canary_grpc: list[str] = field(default_factory=lambda: ["tfserving-canary.mlops-serving.svc:8500"])
 
 
+KUBEDL_SERVICE_REST = "http://{inference}-{predictor}-{model_version}.{namespace}.svc:8080"
+KUBEDL_SERVICE_GRPC = "{inference}-{predictor}-{model_version}.{namespace}.svc:9000"
+
+
 @dataclass
 class RolloutKubeDLConfig:
     """A KubeDL Inference (k8s/kubedl) whose predictors serve ModelVersions; traffic moves by trafficWeight."""
-    namespace: str = "mlops-serving"
+    # KubeDL looks a predictor's ModelVersion up in the Inference's namespace, and a TFJob records it in its own.
+    namespace: str = "mlops"
+    kubeconfig: str = ""
     inference: str = "taxi"
     stable_predictor: str = "stable"
     canary_predictor: str = "canary"
     # The ModelVersion object of repository version {version} (what the TFJob's spec.modelVersion produced).
     model_version_name: str = "taxi-v{version}"
-    # The predictors' pods carry these labels (KubeDL sets them) and answer TF Serving's REST API on rest_port.
-    predictor_selector: str = "inference.kubedl.io/inference-name={inference},inference.kubedl.io/predictor={predictor}"
+    # The labels KubeDL puts on a predictor's pods ({namespace}, {inference}, {predictor}, {model_version} filled in).
+    predictor_selector: str = ("kubedl.io/inference-name={inference},kubedl.io/predictor-name={predictor},"
+                               "kubedl.io/model-version={model_version}")
     rest_port: int = 8501
     metrics_path: str = "/monitoring/prometheus/metrics"
-    stable_rest: list[str] = field(default_factory=lambda: ["http://taxi-stable.mlops-serving.svc:8501"])
-    stable_grpc: list[str] = field(default_factory=lambda: ["taxi-stable.mlops-serving.svc:8500"])
-    canary_rest: list[str] = field(default_factory=lambda: ["http://taxi-canary.mlops-serving.svc:8501"])
-    canary_grpc: list[str] = field(default_factory=lambda: ["taxi-canary.mlops-serving.svc:8500"])
+    # KubeDL's Service of one predictor and ModelVersion: <inference>-<predictor>-<modelVersion>, ports 8080 and 9000.
+    stable_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
+    stable_grpc: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_GRPC])
+    canary_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
+    canary_grpc: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_GRPC])
 
 
 @dataclass

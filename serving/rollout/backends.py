@@ -140,12 +140,12 @@ class LocalBackend(Backend):
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
         from serving.client import ServingError
 
+        # Metadata, as TF Serving's model status ignores a label (see KubernetesBackend's label views).
         versions: list[int | None] = []
         for client in self._rest(track):
             with client:
                 try:
-                    [status] = client.status(model, label=label, timeout=self.timeout_s)
-                    versions.append(status.version if status.state == "AVAILABLE" else None)
+                    versions.append(client.metadata(model, label=label, timeout=self.timeout_s).version)
                 except (ServingError, OSError):
                     versions.append(None)
         return versions

@@ -133,12 +133,14 @@ class _PodsMixin:
         return views
 
     def _label_views(self, selector: str, model: str, label: str) -> list[int | None]:
+        # The metadata of a label, not its status: TF Serving's GetModelStatus ignores a label and answers every
+        # version of the model (model_servers/get_model_status_impl.cc, 2.16.1), while metadata resolves the label
+        # through ServerCore::GetServableHandle, which answers only for an AVAILABLE version, and names it.
         versions: list[int | None] = []
         for pod in self._pods(selector):
-            status, body = self._proxy_get(pod, f"v1/models/{model}/labels/{label}")
+            status, body = self._proxy_get(pod, f"v1/models/{model}/labels/{label}/metadata")
             try:
-                [row] = json.loads(body)["model_version_status"] if status == 200 else [None]
-                versions.append(int(row["version"]) if row and row.get("state") == "AVAILABLE" else None)
+                versions.append(int(json.loads(body)["model_spec"]["version"]) if status == 200 else None)
             except (ValueError, KeyError, TypeError):
                 versions.append(None)
         return versions
@@ -281,17 +283,23 @@ def _with_model(config, model: str, versions: list[int], labels: dict[str, int],
 
 
 class KubeDLBackend(_PodsMixin, Backend):
-    """k8s/kubedl: an Inference whose `stable` and `canary` predictors each serve one ModelVersion. A predictor serves
-    the highest version its track's config names, as TF Serving answers an unversioned request; weights are the
-    predictors' trafficWeight."""
+    """k8s/kubedl: an Inference whose `stable` and `canary` predictors each serve one ModelVersion; weights are the
+    predictors' trafficWeight.
+
+    How KubeDL serves a predictor (kubedl-io/kubedl, controllers/serving): one Deployment and one Service per
+    (predictor, ModelVersion), named `<inference>-<predictor>-<modelVersion>`, whose pods carry the labels
+    kubedl.io/inference-name, kubedl.io/predictor-name and kubedl.io/model-version. Pointing a predictor at another
+    ModelVersion creates a new Deployment and leaves the old one running, so the pods of a version are found by all
+    three labels, and the golden requests go to that version's Service (endpoint templates with {model_version})."""
 
     name = "kubedl"
     supports_labels = False
     GROUP = ("serving.kubedl.io", "v1alpha1", "inferences")
+    MODEL_VERSIONS = ("model.kubedl.io", "v1alpha1", "modelversions")
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
                  api: client.ApiClient | None = None) -> None:
-        api = api or api_client("")
+        api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.settings = settings
@@ -337,8 +345,20 @@ class KubeDLBackend(_PodsMixin, Backend):
                 return predictor
         raise BackendError(f"Inference {self.settings.inference} has no predictor {name!r}; see k8s/kubedl.")
 
+    def _serving(self, track: str) -> str:
+        """The ModelVersion the track's predictor names."""
+        return self._predictor(self._inference(), track).get("modelVersion", "")
+
+    def _placeholders(self, track: str, model_version: str) -> dict[str, str]:
+        return {"namespace": self.namespace, "inference": self.settings.inference,
+                "predictor": self._predictor_name(track), "model_version": model_version}
+
+    def endpoints(self, track: str) -> list[Endpoint]:
+        values = self._placeholders(track, self._serving(track))
+        return [Endpoint(e.rest.format(**values), e.grpc.format(**values)) for e in self._endpoints[track]]
+
     def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
-        served = self._version_of(self._predictor(self._inference(), track).get("modelVersion", ""))
+        served = self._version_of(self._serving(track))
         return ([served], {track: served}) if served is not None else ([], {})
 
     def loaded_versions(self, versions: list[int]) -> list[int]:
@@ -356,14 +376,13 @@ class KubeDLBackend(_PodsMixin, Backend):
 
         self._update(change)
 
-    def _selector(self, track: str) -> str:
-        return self.settings.predictor_selector.format(inference=self.settings.inference,
-                                                       predictor=self._predictor_name(track))
+    def _selector(self, track: str, model_version: str) -> str:
+        return self.settings.predictor_selector.format(**self._placeholders(track, model_version))
 
     def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
-        served = self.track_config(model, track)[0]
-        views = self._views(self._selector(track), model, None)
-        if served != [version]:
+        wanted = self._model_version(version)
+        views = self._views(self._selector(track, wanted), model, None)
+        if self._serving(track) != wanted:
             return [ServerView(v.server, "NOT_FOUND") for v in views]
         return views
 
@@ -387,7 +406,22 @@ class KubeDLBackend(_PodsMixin, Backend):
         return int(self._predictor(self._inference(), "canary").get("trafficWeight", 0))
 
     def scrape(self, model: str) -> list[ModelCounters] | None:
-        return self._scrape(self._selector("canary"), model)
+        return self._scrape(self._selector("canary", self._serving("canary")), model)
 
     def check_version(self, model: str, version: int) -> None:
-        return None
+        """The candidate's ModelVersion must exist and its image must not have failed to build (KubeDL holds a
+        predictor back until the image is built)."""
+        name = self._model_version(version)
+        group, api_version, plural = self.MODEL_VERSIONS
+        try:
+            model_version = self.custom.get_namespaced_custom_object(group, api_version, self.namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                raise BackendError(f"there is no ModelVersion {self.namespace}/{name} for version {version}; train it "
+                                   "with KubeDL or register it (k8s/kubedl/modelversion.yaml).") from None
+            raise BackendError(f"reading ModelVersion {self.namespace}/{name} failed: {e.status} {e.reason}") from None
+        phase = (model_version.get("status") or {}).get("imageBuildPhase", "")
+        if phase == "ImageBuildFailed":
+            message = (model_version.get("status") or {}).get("message", "")
+            raise BackendError(f"the image of ModelVersion {self.namespace}/{name} failed to build ({message}); "
+                               "fix the build and register the version again.")

@@ -1,5 +1,20 @@
 """TF Serving's Prometheus metrics (`--monitoring_config_file`): request counts by status and the latency histogram,
-turned into the error rate and p99 latency of a window (the difference of two scrapes)."""
+turned into the error rate and p99 latency of a window (the difference of two scrapes).
+
+What TF Serving 2.16.1 exports, from its source (tensorflow/serving at tag 2.16.1):
+- servables/tensorflow/util.cc defines the counter `/tensorflow/serving/request_count` (labels model_name, status:
+  the canonical code name, "OK" for success) and the histogram `/tensorflow/serving/request_latency` (labels
+  model_name, API, entrypoint; microseconds, buckets 10 * 1.8^i);
+- util/prometheus_exporter.cc turns every character outside [a-zA-Z0-9_] into ':' (hence
+  `:tensorflow:serving:request_count`) and writes a histogram as `_bucket{...,le="..."}` (cumulative, the last
+  `le="+Inf"`), `_sum` and `_count`, at `/monitoring/prometheus/metrics` unless the MonitoringConfig names a path;
+- model_servers/http_server.cc counts every REST request that names a model, model status and metadata GETs
+  (readiness probes included) as well as predictions, and records latency only for successful requests, with API
+  "predict"/"classify"/"regress" (REST; "" for GETs) or "Predict"/"Classify"/"Regress" (gRPC) and entrypoint
+  "REST" or "GRPC" (model_servers/prediction_service_impl.cc).
+So the error rate is over every request naming the model (probes dilute it slightly), and p99 is that of successful
+prediction requests only.
+"""
 from __future__ import annotations
 
 import math
@@ -9,6 +24,8 @@ from dataclasses import dataclass
 
 REQUEST_COUNT = ":tensorflow:serving:request_count"
 REQUEST_LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
+# Latency of these APIs only: status and metadata GETs (API "") are not predictions.
+PREDICTION_APIS = ("predict", "classify", "regress")
 _SAMPLE = re.compile(r'^(?P<name>[^\s{]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -50,7 +67,8 @@ def model_counters(samples: Iterable[Sample], model: str) -> ModelCounters:
         if sample.name == REQUEST_COUNT and sample.labels.get("model_name") == model:
             status = sample.labels.get("status", "OK")
             requests[status] = requests.get(status, 0.0) + sample.value
-        elif sample.name == REQUEST_LATENCY_BUCKET and sample.labels.get("model_name", model) == model:
+        elif (sample.name == REQUEST_LATENCY_BUCKET and sample.labels.get("model_name") == model
+              and sample.labels.get("API", "").lower() in PREDICTION_APIS):
             bound = math.inf if sample.labels.get("le") in ("+Inf", "Inf") else float(sample.labels.get("le", "inf"))
             buckets[bound] = buckets.get(bound, 0.0) + sample.value
     return ModelCounters(requests, buckets)

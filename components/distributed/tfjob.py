@@ -21,6 +21,9 @@ CONTAINER_NAME = "tensorflow"
 PORT_NAME = "tfjob-port"
 PORT = 2222
 VOLUME_NAME = "pipeline-root"
+# The image's user (Dockerfile: USER 10001); fsGroup makes the pipeline-root volume writable for it where the volume
+# supports ownership management. With the container settings below the pod meets the restricted Pod Security Standard.
+RUN_AS_USER = 10001
 KUBEDL_MODEL_MOUNT = "/kubedl-model"
 FINISHED = ("Succeeded", "Failed")
 
@@ -43,6 +46,8 @@ def worker_pod_template(spec_path: str, settings: dict[str, Any], labels: dict[s
         ports=[client.V1ContainerPort(name=PORT_NAME, container_port=PORT)],
         resources=client.V1ResourceRequirements(requests=_quantities(settings), limits=_quantities(settings)),
         volume_mounts=[client.V1VolumeMount(name=VOLUME_NAME, mount_path=settings["mount_path"])],
+        security_context=client.V1SecurityContext(
+            allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])),
     )
     pod = client.V1PodTemplateSpec(
         # Istio's sidecar would keep a finished worker's pod running; both operators' docs ask to turn it off.
@@ -50,6 +55,9 @@ def worker_pod_template(spec_path: str, settings: dict[str, Any], labels: dict[s
         spec=client.V1PodSpec(
             containers=[container],
             service_account_name=settings["service_account"],
+            security_context=client.V1PodSecurityContext(
+                run_as_non_root=True, run_as_user=RUN_AS_USER, fs_group=RUN_AS_USER,
+                seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
             volumes=[client.V1Volume(
                 name=VOLUME_NAME,
                 persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=settings["pvc"]),

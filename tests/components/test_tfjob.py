@@ -1,7 +1,6 @@
-"""The TFJob backend without a cluster: the objects it builds against schemas written from the published CRDs
-(pod parts from the Kubernetes client's models), and its wait loop against a fake CustomObjectsApi."""
+"""The TFJob backend without a cluster: the objects it builds against the operators' published CRD schemas
+(tests/fixtures/crds), and its wait loop against a fake CustomObjectsApi."""
 import copy
-import json
 from pathlib import Path
 
 import jsonschema
@@ -12,10 +11,10 @@ from kubernetes.client.rest import ApiException
 
 from components.distributed.executor import run_distributed_training, tfjob_name
 from components.distributed.spec import WorkerSpec
-from components.distributed.tfjob import TFJobFailedError, build_tfjob, run_tfjob
+from components.distributed.tfjob import APIS, TFJobFailedError, build_tfjob, run_tfjob
 from pipeline.config import load_config
+from tests.k8s.crds import crd_schema
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 PRIMITIVES = {"str": {"type": "string"}, "int": {"type": "integer"}, "bool": {"type": "boolean"},
               "float": {"type": "number"}, "datetime": {"type": "string"}, "date": {"type": "string"}, "object": {}}
 
@@ -52,11 +51,28 @@ def _type_schema(name: str, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{name}"}
 
 
+# The CRDs type these as plain strings; the values are those the operators' Go API defines (kubeflow/training-operator
+# pkg/apis/kubeflow.org/v1: TFReplicaType, RestartPolicy, CleanPodPolicy; KubeDL uses the same ones).
+REPLICA_TYPES = ["Chief", "Master", "PS", "Worker", "Evaluator"]
+RESTART_POLICIES = ["Always", "OnFailure", "Never", "ExitCode"]
+CLEAN_POD_POLICIES = ["All", "Running", "None"]
+
+
 def tfjob_schema(operator: str) -> dict:
-    name = {"kubeflow": "tfjob-kubeflow-v1.schema.json", "kubedl": "tfjob-kubedl-v1alpha1.schema.json"}[operator]
-    schema = json.loads((FIXTURES / name).read_text())
-    for model in ("V1PodSpec", "V1ObjectMeta"):
-        _type_schema(model, schema["$defs"])
+    """The operator's published TFJob CRD schema (tests/fixtures/crds), unknown fields refused, the job's metadata
+    from the Kubernetes client's ObjectMeta model, and the enums of the operator's Go API."""
+    group, version = APIS[operator]
+    schema = crd_schema(group, "TFJob", version)
+    schema["$defs"] = {}
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    schema["properties"].update(apiVersion={"const": f"{group}/{version}"}, kind={"const": "TFJob"},
+                                metadata=_type_schema("V1ObjectMeta", schema["$defs"]))
+    spec = schema["properties"]["spec"]
+    replica_specs = spec["properties"]["tfReplicaSpecs"]
+    replica_specs["propertyNames"] = {"enum": REPLICA_TYPES}
+    replica_specs["additionalProperties"]["properties"]["restartPolicy"]["enum"] = RESTART_POLICIES
+    run_policy = spec["properties"]["runPolicy"] if operator == "kubeflow" else spec  # KubeDL keeps it inline
+    run_policy["properties"]["cleanPodPolicy"]["enum"] = CLEAN_POD_POLICIES
     return schema
 
 
@@ -91,6 +107,10 @@ def test_kubeflow_job_for_four_workers_matches_the_crd(tmp_path, schemas):
     assert container["volumeMounts"] == [{"name": "pipeline-root", "mountPath": str(tmp_path)}]
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "mlops-pipeline-root"}
     assert pod["serviceAccountName"] == "mlops-trainer"
+    # What the restricted Pod Security Standard asks of a pod, as the image's own user.
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def test_kubedl_job_records_a_model_version(tmp_path, schemas):
@@ -128,6 +148,8 @@ WORKER_POD = ("spec", "tfReplicaSpecs", "Worker", "template", "spec")
         ((*WORKER_POD, "containers", 0, "imagePullPolice"), "Always"),
         ((*WORKER_POD, "containers", 0, "resources", "limit"), {"cpu": "1"}),
         ((*WORKER_POD, "serviceAccount_name"), "x"),
+        ((*WORKER_POD, "securityContext", "runAsNonRot"), True),
+        ((*WORKER_POD, "containers", 0, "securityContext", "allowPrivilegeEscalaton"), False),
         (("spec", "tfReplicaSpecs", "Worker", "template", "metadata", "generateName"), "x-"),
         (("spec", "replicaSpecs"), {}),
     ],

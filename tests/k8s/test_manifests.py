@@ -12,21 +12,14 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.k8s.crds import CRD_FILES, crd_schema
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".venv-tools" / "bin"
 KUBERNETES_VERSION = "1.31.0"
-CRDS = REPO / "tests" / "fixtures" / "crds"
 KUSTOMIZATIONS = sorted(p.parent.relative_to(REPO).as_posix() for p in (REPO / "k8s").rglob("kustomization.yaml"))
 # Custom resources outside any kustomization (applied with kubectl create -f).
 LOOSE_FILES = ["k8s/kubedl/tfjob.yaml"]
-CRD_FILES = {
-    ("gateway.networking.k8s.io", "HTTPRoute"): "httproute.gateway.networking.k8s.io.json",
-    ("gateway.networking.k8s.io", "GRPCRoute"): "grpcroute.gateway.networking.k8s.io.json",
-    ("serving.kubedl.io", "Inference"): "inference.serving.kubedl.io.json",
-    ("model.kubedl.io", "ModelVersion"): "modelversion.model.kubedl.io.json",
-    ("kubeflow.org", "TFJob"): "tfjob.kubeflow.org.json",
-    ("training.kubedl.io", "TFJob"): "tfjob.training.kubedl.io.json",
-}
 
 
 def tool(name: str) -> str:
@@ -76,26 +69,9 @@ def test_every_kustomization_validates_strictly(rendered):
                 assert kind in {k for _, k in CRD_FILES}, f"{kustomization}: {line} (no CRD schema to check it)"
 
 
-def strict(schema):
-    """The CRD schema with unknown fields refused wherever the CRD lists the fields and does not preserve others."""
-    if isinstance(schema, dict):
-        schema = {k: strict(v) for k, v in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get(
-                "x-kubernetes-preserve-unknown-fields"):
-            schema["additionalProperties"] = False
-        return schema
-    if isinstance(schema, list):
-        return [strict(v) for v in schema]
-    return schema
-
-
 def crd_validator(obj: dict) -> jsonschema.Draft7Validator:
     group, version = obj["apiVersion"].split("/")
-    crd = json.loads((CRDS / CRD_FILES[(group, obj["kind"])]).read_text())
-    schema = strict(crd["versions"][version])
-    # metadata is the API server's ObjectMeta, not part of a CRD's schema.
-    schema["properties"]["metadata"] = {"type": "object"}
-    return jsonschema.Draft7Validator(schema)
+    return jsonschema.Draft7Validator(crd_schema(group, obj["kind"], version))
 
 
 def custom_resources(rendered) -> list[dict]:
@@ -184,8 +160,12 @@ def test_servers_are_ready_only_when_their_label_is_available(rendered):
         track = name.removeprefix("tfserving-")
         [server] = [c for c in pod["containers"] if c["name"] == "tfserving"]
         assert server["image"] == "tensorflow/serving:2.16.1"
-        assert server["readinessProbe"]["httpGet"]["path"] == f"/v1/models/taxi/labels/{track}"
+        # A label's metadata answers only for an AVAILABLE version; its status answers for any (TF Serving 2.16.1).
+        for probe in ("readinessProbe", "startupProbe"):
+            assert server[probe]["httpGet"]["path"] == f"/v1/models/taxi/labels/{track}/metadata"
         args = server["args"]
+        # Else a pod restarted on a labelled config refuses to start (labels are checked before versions load).
+        assert "--allow_version_labels_for_unavailable_models=true" in args
         assert "--enable_batching" in args
         assert "--batching_parameters_file=/etc/tfserving/settings/batching_parameters.txt" in args
         assert "--model_config_file=/etc/tfserving/models/models.config" in args
@@ -221,5 +201,13 @@ def test_the_kubedl_path_links_tfjob_modelversion_and_inference():
         assert model_version["spec"][key] == tfjob["spec"]["modelVersion"][key], key
     [inference] = documents(REPO / "k8s/kubedl/inference.yaml")
     assert inference["spec"]["framework"] == "TFServing"
+    # KubeDL finds a predictor's ModelVersion in the Inference's namespace; the TFJob records it in its own.
+    assert inference["metadata"]["namespace"] == model_version["metadata"]["namespace"] == tfjob["metadata"][
+        "namespace"]
+    for predictor in inference["spec"]["predictors"]:
+        # KubeDL's Service of a predictor targets the container ports with these names (else 8080 and 9000).
+        ports = {p["name"]: p["containerPort"] for p in predictor["template"]["spec"]["containers"][0]["ports"]}
+        assert ports == {"predictor-http-port": 8501, "predictor-grpc-port": 8500}
+        assert predictor["modelPath"] == "/mnt/models/taxi/1", "version 1 of taxi for the image's entrypoint"
     assert {p["name"]: (p["modelVersion"], p["trafficWeight"]) for p in inference["spec"]["predictors"]} == {
         "stable": (model_version["metadata"]["name"], 100), "canary": (model_version["metadata"]["name"], 0)}

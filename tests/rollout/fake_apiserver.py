@@ -27,7 +27,7 @@ class FakeApiServer:
         self._conflict_once: set[tuple] = set()
         # pod name -> handler(path) -> (status, body)
         self.proxies: dict[str, Callable[[str], tuple[int, str]]] = {}
-        # Called after a stored object changes: (key, object).
+        # Called after a stored object is created or replaced through the API, before the answer is sent: (key, object).
         self.watchers: list[Callable[[tuple, dict], None]] = []
         fake = self
 
@@ -37,11 +37,14 @@ class FakeApiServer:
 
             def _send(self, status: int, body: object) -> None:
                 data = (body if isinstance(body, str) else json.dumps(body)).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client was killed while its request was being served
 
             def _body(self) -> dict:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -115,7 +118,8 @@ class FakeApiServer:
         custom = CUSTOM.match(path)
         if custom:
             group, version, namespace, plural, name = custom.groups()
-            kind = {"httproutes": "HTTPRoute", "grpcroutes": "GRPCRoute", "inferences": "Inference"}[plural]
+            kind = {"httproutes": "HTTPRoute", "grpcroutes": "GRPCRoute", "inferences": "Inference",
+                    "modelversions": "ModelVersion"}[plural]
             return kind, namespace, name, f"{group}/{version}"
         raise KeyError(path)
 
@@ -171,4 +175,7 @@ class FakeApiServer:
             if self.find(kind, namespace, body["metadata"]["name"]):
                 return self._status(409, "AlreadyExists", f'{kind.lower()} "{body["metadata"]["name"]}" already '
                                     "exists")
-        return 201, self.add(body)
+        created = self.add(body)
+        for watcher in self.watchers:
+            watcher(self.key_of(created), created)
+        return 201, created

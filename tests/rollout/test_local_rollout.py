@@ -105,6 +105,13 @@ def test_a_good_version_is_verified_step_by_step_and_promoted(fleet):
     assert not fleet["client"].failures
     history = controller.document()["history"]
     assert [h["outcome"] for h in history] == ["rolled_back", "rolled_back", "promoted"]
+    # The outcome as a page beside the JSON: each verification's figures against the limits, and the steps.
+    folder = fleet["base"] / ".rollouts"
+    assert json.loads((folder / f"{MODEL}-v2-{record['id']}.json").read_text()) == history[-1]
+    page = (folder / f"{MODEL}-v2-{record['id']}.html").read_text()
+    assert "PROMOTED" in page and page.count("<td class='passed'>passed</td>") == 3 and "<svg" in page
+    assert f"{verifications[1]['golden']['rest_max_abs_diff']:.6f}" in page and "max_abs_diff" in page
+    assert "<script" not in page and "http" not in page.split("<svg", 1)[0], "self-contained"
 
 
 def test_a_manual_rollback_right_after_promotion_needs_no_load(fleet):
@@ -167,3 +174,60 @@ def test_a_controller_killed_at_every_step_finishes_the_same_way(fleet):
     assert not fleet["client"].failures
     print(f"client requests to the stable server during the rollout tests: {fleet['client'].requests}, "
           f"failed: {len(fleet['client'].failures)}")
+
+
+def _cli(fleet, *argv: str) -> int:
+    from pipeline.cli import build_parser
+
+    args = build_parser().parse_args([*argv, *[a for o in overrides(fleet) for a in ("--set", o)]])
+    return args.handler(args)
+
+
+def _alter_a_published_file(fleet, version: int) -> str:
+    data = next((ModelRepository(fleet["base"]).version_dir(MODEL, version) / "variables").glob("variables.data-*"))
+    with open(data, "ab") as f:
+        f.write(b"\0")
+    return f"variables/{data.name}: changed"
+
+
+def test_a_version_whose_files_changed_after_publishing_is_refused(fleet, tiny_versions, capsys):
+    ModelRepository(fleet["base"]).add_version(MODEL, tiny_versions[5], version=7)
+    problem = _alter_a_published_file(fleet, 7)
+    before = tracks(fleet), controller_for(fleet)[0].document()
+    capsys.readouterr()
+    assert _cli(fleet, "rollout", "start", "--version", "7") == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: version 7 of 'tiny' does not match its checksum manifest ({problem}); publish it "
+                     "again as a new version.")
+    assert (tracks(fleet), controller_for(fleet)[0].document()) == before, "nothing was loaded or recorded"
+    assert _cli(fleet, "versions", "--json") == 0
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["version"] == 7]
+    assert row["checksums"] == "MISMATCH" and row["checksum_problems"] == [problem] and row["served_by"] == []
+    assert _cli(fleet, "versions") == 0
+    table = capsys.readouterr().out
+    assert any(line.split()[:1] == ["7"] and "MISMATCH" in line for line in table.splitlines())
+    assert f"! {problem}" in table
+
+
+def test_a_version_altered_during_its_rollout_is_rolled_back(fleet, tiny_versions):
+    ModelRepository(fleet["base"]).add_version(MODEL, tiny_versions[5], version=8)
+    lines: list[str] = []
+    problems: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if "version 8 is AVAILABLE on every canary server" in line:  # loaded, before the first verification
+            problems.append(_alter_a_published_file(fleet, 8))
+
+    controller = build_controller(load_config(None, overrides(fleet)), log=log)
+    stable = tracks(fleet)["stable"]
+    record = controller.start(8)
+    print("\n".join(lines))
+    assert record["outcome"] == "rolled_back"
+    assert record["reason"] == (f"version 8 of 'tiny' does not match its checksum manifest ({problems[0]}); publish "
+                                "it again as a new version.")
+    assert [e for e in record["events"] if "figures" in e] == [], "no traffic step was taken"
+    assert tracks(fleet) == {"stable": stable, "canary": (stable[0], {"canary": stable[0][0]})}
+    page = (fleet["base"] / ".rollouts" / f"{MODEL}-v8-{record['id']}.html").read_text()
+    assert "ROLLED BACK" in page and "does not match its checksum manifest" in page
+    assert not fleet["client"].failures

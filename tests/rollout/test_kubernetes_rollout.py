@@ -104,3 +104,17 @@ def test_a_controller_killed_after_every_write_finishes_the_same_way(cluster):
     assert cluster.models_config("stable") == ([2], {"stable": 2})
     assert cluster.models_config("canary") == ([2], {"canary": 2})
     assert cluster.weights() == ALL_ON_STABLE
+
+
+def test_a_rollback_right_after_promotion_moves_the_stable_label_back_to_the_loaded_previous_version(cluster):
+    controller = build_controller(load_config(None, [*cluster.overrides(), "rollout.keep_previous_seconds=600",
+                                                     "rollout.steps=[100]"]), log=lambda _: None)
+    assert controller.start(2, wait_retain=False)["phase"] == "retain"
+    assert cluster.models_config("stable") == ([1, 2], {"stable": 2}), "version 1 stays loaded"
+    record = controller.rollback()
+    assert record["outcome"] == "rolled_back" and record["reason"] == "asked for by hand"
+    # Both versions loaded, the label on the older one: its status would name both, its metadata names 1.
+    assert cluster.writes_to("ConfigMap", CONFIG_MAPS["stable"])[-2:] == [([1, 2], {"stable": 1}), ([1], {"stable": 1})]
+    assert cluster.models_config("stable") == ([1], {"stable": 1})
+    assert cluster.models_config("canary") == ([1], {"canary": 1})
+    assert cluster.weights() == ALL_ON_STABLE and cluster.refused == []

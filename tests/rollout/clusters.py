@@ -79,7 +79,7 @@ class BaseCluster:
 
     def common_overrides(self) -> list[str]:
         return [f"output_root={self.root}", f"model_name={MODEL}", f"rollout.golden_data={self.root / 'golden.csv'}",
-                "rollout.steps=[50,100]", "rollout.window_requests_per_second=40", "rollout.max_p99_ms=100",
+                "rollout.steps=[50,100]", "rollout.window_requests_per_second=40",
                 "rollout.keep_previous_seconds=0", "rollout.load_timeout_seconds=30", "rollout.poll_seconds=0.05"]
 
     def writes_to(self, kind: str, name: str) -> list[object]:
@@ -148,6 +148,7 @@ class ServingCluster(BaseCluster):
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
             f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=0.3",
+            "rollout.max_p99_ms=100",  # the metrics' p99 is 3.6 ms; the GETs' latency, were it counted, 24 s
             f"rollout.kubernetes.stable_rest=['{s.rest_url}']", f"rollout.kubernetes.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubernetes.canary_rest=['{c.rest_url}']", f"rollout.kubernetes.canary_grpc=['{c.grpc_target}']",
         ]
@@ -232,6 +233,7 @@ class KubeDLCluster(BaseCluster):
             *self.common_overrides(), "rollout.backend=kubedl", f"rollout.kubedl.namespace={NAMESPACE}",
             f"rollout.kubedl.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
             "rollout.kubedl.model_version_name=tiny-v{version}", "rollout.window_seconds=0.2",
+            "rollout.max_p99_ms=2000",  # measured on the verifier's own requests, on a busy shared machine
             f"rollout.kubedl.stable_rest=['{s.rest_url}']", f"rollout.kubedl.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubedl.canary_rest=['{c.rest_url}']", f"rollout.kubedl.canary_grpc=['{c.grpc_target}']",
         ]

@@ -100,9 +100,10 @@ def test_a_controller_killed_after_every_write_finishes_the_same_way(cluster):
 
 
 def test_a_rollback_right_after_promotion_returns_both_predictors_to_the_previous_version(cluster):
+    lines: list[str] = []
     controller = build_controller(load_config(None, [*cluster.overrides(), "rollout.keep_previous_seconds=600",
-                                                     "rollout.steps=[100]"]), log=lambda _: None)
-    assert controller.start(2, wait_retain=False)["phase"] == "retain"
+                                                     "rollout.steps=[100]"]), log=lines.append)
+    assert controller.start(2, wait_retain=False)["phase"] == "retain", "\n".join(lines)
     assert cluster.predictors() == {"stable": ("tiny-v2", 100), "canary": ("tiny-v2", 0)}
     record = controller.rollback()
     assert record["outcome"] == "rolled_back" and record["reason"] == "asked for by hand"

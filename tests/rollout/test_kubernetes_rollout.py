@@ -107,9 +107,10 @@ def test_a_controller_killed_after_every_write_finishes_the_same_way(cluster):
 
 
 def test_a_rollback_right_after_promotion_moves_the_stable_label_back_to_the_loaded_previous_version(cluster):
+    lines: list[str] = []
     controller = build_controller(load_config(None, [*cluster.overrides(), "rollout.keep_previous_seconds=600",
-                                                     "rollout.steps=[100]"]), log=lambda _: None)
-    assert controller.start(2, wait_retain=False)["phase"] == "retain"
+                                                     "rollout.steps=[100]"]), log=lines.append)
+    assert controller.start(2, wait_retain=False)["phase"] == "retain", "\n".join(lines)
     assert cluster.models_config("stable") == ([1, 2], {"stable": 2}), "version 1 stays loaded"
     record = controller.rollback()
     assert record["outcome"] == "rolled_back" and record["reason"] == "asked for by hand"

@@ -81,6 +81,7 @@ def max_rank(infos: Iterable[meta_graph_pb2.TensorInfo]) -> int:
 _STRING_LITERAL = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENING = b"[{"
+_DEPTH_CHUNK = 1 << 20
 
 
 def json_skeleton(body: bytes) -> bytes:
@@ -108,9 +109,13 @@ def json_nesting_depth(skeleton: bytes) -> int:
             depth += 1 if byte in _OPENING else -1
             deepest = max(deepest, depth)
         return deepest
-    codes = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where((codes == _OPENING[0]) | (codes == _OPENING[1]), 1, -1)
-    return int(np.cumsum(steps).max())
+    deepest = depth = 0
+    for start in range(0, len(brackets), _DEPTH_CHUNK):  # in chunks: a few MB of scratch for any body size
+        codes = np.frombuffer(brackets, dtype=np.uint8, count=min(_DEPTH_CHUNK, len(brackets) - start), offset=start)
+        levels = np.cumsum(np.where((codes == _OPENING[0]) | (codes == _OPENING[1]), 1, -1).astype(np.int32))
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+    return deepest
 
 
 def max_json_items(inputs: Mapping[str, meta_graph_pb2.TensorInfo], max_batch_size: int) -> int:
@@ -214,7 +219,7 @@ _TENSOR_DTYPE_FIELD, _TENSOR_CONTENT_FIELD = 1, 4
 # TensorProto value fields: number -> bytes per value when packed (0: varints).
 _PACKED_VALUE_FIELDS = {5: 4, 6: 8, 7: 0, 9: 4, 10: 0, 11: 0, 12: 8, 13: 0, 16: 0, 17: 0}
 _ONE_VALUE_PER_FIELD = frozenset({8, 14, 15})  # string_val, resource_handle_val, variant_val
-_VARINT_LAST_BYTES = bytes(range(128, 256))
+_VARINT_CONTINUATION_BYTES = bytes(range(128, 256))
 _DTYPE_BYTES = {
     types_pb2.DT_FLOAT: 4, types_pb2.DT_DOUBLE: 8, types_pb2.DT_INT32: 4, types_pb2.DT_INT16: 2,
     types_pb2.DT_INT64: 8, types_pb2.DT_UINT16: 2, types_pb2.DT_UINT32: 4, types_pb2.DT_UINT64: 8,
@@ -285,8 +290,7 @@ def tensor_wire_value_count(data: bytes, start: int, end: int, stop_above: int) 
             elif _PACKED_VALUE_FIELDS[number]:
                 count += (value_end - value_start) // _PACKED_VALUE_FIELDS[number]
             else:  # packed varints: one value ends at each byte below 0x80
-                chunk = data[value_start:value_end]
-                count += len(chunk) - len(chunk.translate(None, _VARINT_LAST_BYTES))
+                count += len(data[value_start:value_end].translate(None, _VARINT_CONTINUATION_BYTES))
         if count > stop_above:
             return count
     return count + content_bytes // _DTYPE_BYTES.get(dtype, 1)

@@ -222,6 +222,10 @@ class BatchScheduler:
             self._condition.notify_all()
         for thread in self._threads:
             thread.join(timeout=10)
+        stats = self.stats
+        if self.merge and stats.batches:
+            logger.info("batching: %d requests ran in %d batches (%.1f per batch, at most %d)", stats.tasks,
+                        stats.batches, stats.tasks / stats.batches, stats.largest_batch_tasks)
 
     # -- scheduling (all under self._condition)
     def _batches_in(self, queue: _Queue) -> int:

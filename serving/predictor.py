@@ -37,13 +37,13 @@ def check_inputs(
             f"Send extra: {{}}. Missing but required: {{{','.join(missing)}}}."
         )
     batch_sizes = {}
-    dims = signature.input_dims
+    patterns = signature.input_shape_patterns
     for name, value in inputs.items():
-        expected_shape = dims[name]
-        if expected_shape is not None and not _shape_compatible(value.shape, expected_shape):
+        pattern = patterns[name]
+        if pattern is not None and not _shape_matches(value.shape, *pattern):
             raise invalid_argument(
-                f"Input {name} has shape {list(value.shape)} but the signature expects {expected_shape} "
-                "(-1 means any size)."
+                f"Input {name} has shape {list(value.shape)} but the signature expects "
+                f"{signature.input_dims[name]} (-1 means any size)."
             )
         if value.ndim >= 1:
             batch_sizes[name] = value.shape[0]
@@ -116,7 +116,5 @@ def _filtered(outputs: dict[str, np.ndarray], output_filter: Sequence[str]) -> d
     return {name: outputs[name] for name in output_filter} if output_filter else outputs
 
 
-def _shape_compatible(actual: tuple[int, ...], expected: list[int]) -> bool:
-    if len(actual) != len(expected):
-        return False
-    return all(e < 0 or a == e for a, e in zip(actual, expected, strict=True))
+def _shape_matches(actual: tuple[int, ...], rank: int, fixed: tuple[tuple[int, int], ...]) -> bool:
+    return len(actual) == rank and all(actual[axis] == size for axis, size in fixed)

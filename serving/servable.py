@@ -40,6 +40,12 @@ class Signature:
         """Each input's declared shape (-1: any size; None: unknown rank), read from the protos once."""
         return {name: signature_dims(info) for name, info in self.inputs.items()}
 
+    @functools.cached_property
+    def input_shape_patterns(self) -> dict[str, tuple[int, tuple[tuple[int, int], ...]] | None]:
+        """Each input's (rank, (axis, size) of its fixed dimensions); None for unknown rank."""
+        return {name: None if dims is None else (len(dims), tuple((a, d) for a, d in enumerate(dims) if d >= 0))
+                for name, dims in self.input_dims.items()}
+
     def max_input_elements(self, max_batch_size: int) -> dict[str, int]:
         """The most elements each input can hold in a full batch (see serving.limits.max_input_elements)."""
         cache = self.__dict__.setdefault("_max_elements", {})

@@ -340,6 +340,67 @@ def format_tables(results: dict) -> str:
     return "\n".join(lines)
 
 
+def target_lines(results: dict, baseline: dict | None) -> list[str]:
+    """Issue 14's targets, computed from this run (and the baseline's run for "x times today's")."""
+    cell = {(c["batching"], c["cell"], c["transport"]): c for c in results["load"]}
+    lines = ["targets:"]
+    for transport in ("rest", "grpc"):
+        on = cell.get(("on", "alone", transport))
+        if baseline is not None and on is not None:
+            before = {(c["batching"], c["cell"], c["transport"]): c for c in baseline["load"]}.get(
+                ("off", "alone", transport))
+            if before:
+                lines.append(
+                    f"  {transport} x{on['clients']} throughput {on['requests_per_s']:.0f}/s vs "
+                    f"{before['requests_per_s']:.0f}/s before: {on['requests_per_s'] / before['requests_per_s']:.2f}x "
+                    f"(target 3x); p99 {on['p99_ms']:.1f} vs {before['p99_ms']:.1f} ms (target: no worse)")
+        lat_on, lat_off = cell.get(("on", "latency", transport)), cell.get(("off", "latency", transport))
+        if lat_on and lat_off:
+            difference = lat_on["p50_ms"] - lat_off["p50_ms"]
+            lines.append(f"  {transport} single-request p50 with batching {difference:+.2f} ms (target within 1 ms)")
+        for batching in ("off", "on"):
+            alone, mixed = cell.get((batching, "alone", transport)), cell.get((batching, "mixed", transport))
+            if alone and mixed:
+                lines.append(f"  {transport} batching {batching}: mixed keeps "
+                             f"{100 * mixed['requests_per_s'] / alone['requests_per_s']:.0f}% of alone (target 40%)")
+    for memory in results["memory"]:
+        if memory["what"] == "largest admitted":
+            lines.append(f"  {memory['transport']} largest admitted request: memory rise "
+                         f"{memory['rise_per_request_byte']:.1f}x its size (target at most 10x)")
+    return lines
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load = results["load"]
+    labels = [f"{c['cell']}\n{c['transport']} x{c['clients']}\nbatching {c['batching']}" for c in load]
+    figure, (rate_axis, memory_axis) = plt.subplots(
+        1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    colors = ["tab:blue" if c["transport"] == "rest" else "tab:orange" for c in load]
+    rate_axis.bar(range(len(load)), [c["requests_per_s"] for c in load], color=colors)
+    for index, c in enumerate(load):
+        rate_axis.annotate(f"p50 {c['p50_ms']:.1f}\np99 {c['p99_ms']:.1f} ms", (index, c["requests_per_s"]),
+                           ha="center", va="bottom", fontsize=7)
+    rate_axis.set_xticks(range(len(load)), labels, fontsize=7)
+    rate_axis.set_ylabel("requests/s (median of repeats)")
+    rate_axis.set_title("REST (blue) and gRPC (orange), single-row requests")
+    memory = results["memory"]
+    memory_axis.bar(range(len(memory)), [m["rise_per_request_byte"] for m in memory],
+                    color=["tab:blue" if m["transport"] == "rest" else "tab:orange" for m in memory])
+    memory_axis.axhline(10, color="red", linestyle="--", linewidth=1)
+    memory_axis.set_xticks(range(len(memory)), [f"{m['what']}\n{m['transport']}" for m in memory], fontsize=7,
+                           rotation=20)
+    memory_axis.set_ylabel("peak server memory rise / request size")
+    memory_axis.set_title("memory per request (red: 10x)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--client-worker", help=argparse.SUPPRESS)
@@ -357,6 +418,7 @@ def main() -> int:
     parser.add_argument("--max-request-mb", type=float, default=60.0, help="size of the largest admitted request")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--cells", default="latency,alone,mixed", help="which load cells to run (comma-separated)")
+    parser.add_argument("--baseline", type=Path, help="serving_benchmark.json of an earlier run (e.g. the code before)")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks")
     args = parser.parse_args()
     if args.client_worker:
@@ -444,11 +506,13 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving_benchmark.json").write_text(json.dumps(results, indent=2))
-    table = format_tables(results)
+    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+    table = format_tables(results) + "\n\n" + "\n".join(target_lines(results, baseline))
     (args.out / "serving_benchmark.md").write_text(table + "\n")
+    plot(results, args.out / "serving_benchmark.png")
     print()
     print(table)
-    print(f"\nfigures: {args.out / 'serving_benchmark.json'} and {args.out / 'serving_benchmark.md'}")
+    print(f"\nfigures: {args.out}/serving_benchmark.{{json,md,png}}")
     return 0
 
 

@@ -229,8 +229,9 @@ class GrpcServer:
                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
-            # gRPC's own backstop (RESOURCE_EXHAUSTED), past the admission bound that answers UNAVAILABLE first.
-            maximum_concurrent_rpcs=2 * limits.max_in_flight_requests,
+            # Calls waiting for a worker thread are bounded too: past this, RESOURCE_EXHAUSTED at once (as TF
+            # Serving's own thread pool answers), before their messages are read.
+            maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
         servicer = PredictionServicer(manager, predictor, admission)
         self._server.add_generic_rpc_handlers((servicer.predict_handler(),))

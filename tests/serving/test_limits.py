@@ -207,3 +207,37 @@ def test_admission_of_a_growing_chunked_body():
     admission.admit(0)
     admission.grow(50)
     assert refused(lambda: admission.grow(1), grpc.StatusCode.UNAVAILABLE).startswith("Server is overloaded")
+
+
+JSON_BODIES = [
+    json.dumps({"s": ['a,b[c]{d}', 'quote " and \\ backslash, [', "\\\\", "]]]"], "n": [[1, 2], [3, [4]]]}).encode(),
+    b'{"instances": [' + b", ".join([b'{"a": "x,y", "b": [1.5, 2]}'] * 50) + b"]}",
+    b"[" * 40 + b'"}"' + b"]" * 40,
+]
+
+
+@pytest.mark.parametrize("body", JSON_BODIES)
+def test_large_bodies_are_sized_up_in_chunks_exactly_as_small_ones(monkeypatch, body):
+    from serving import limits
+
+    skeleton = json_skeleton(body)
+    expected = (count_json_items(skeleton), json_nesting_depth(skeleton))
+    assert limits.json_cost(body) == expected
+    monkeypatch.setattr(limits, "_SMALL_BODY", 0)
+    monkeypatch.setattr(limits, "_DEPTH_CHUNK", 7)  # strings and nesting cross chunk borders
+    assert limits.json_cost(body) == expected
+
+
+def test_sizing_up_a_body_of_millions_of_strings_needs_little_memory():
+    import tracemalloc
+
+    body = json.dumps({"inputs": {"s": ["ab"] * 4_000_000}}).encode()  # 24 MB
+    tracemalloc.start()
+    try:
+        from serving.limits import json_cost
+
+        assert json_cost(body) == (4_000_000 - 1 + 3 + 1, 3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(body) // 4, peak  # scratch for one chunk, whatever the number of strings

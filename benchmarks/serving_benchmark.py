@@ -415,6 +415,7 @@ def main() -> int:
     parser.add_argument("--no-batching", action="store_true", help="only batching off (code that cannot batch)")
     parser.add_argument("--only-batching", action="store_true", help="only batching on")
     parser.add_argument("--max-batch-size", type=int, default=1024, help="the server's --max-batch-size")
+    parser.add_argument("--grpc-workers", type=int, default=8, help="the server's --grpc-workers")
     parser.add_argument("--max-request-mb", type=float, default=60.0, help="size of the largest admitted request")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--cells", default="latency,alone,mixed", help="which load cells to run (comma-separated)")
@@ -450,9 +451,10 @@ def main() -> int:
         return {"transport": transport, "clients": clients, "target": target, "path": path,
                 "request_file": str(scratch / f"{transport}.req")}
 
-    modes = [("off", ["--max-batch-size", str(args.max_batch_size), "--grpc-workers", str(args.clients)])]
+    server_flags = ["--max-batch-size", str(args.max_batch_size), "--grpc-workers", str(args.grpc_workers)]
+    modes = [("off", server_flags)]
     if not args.no_batching:
-        modes.append(("on", ["--max-batch-size", str(args.max_batch_size), "--grpc-workers", str(args.clients),
+        modes.append(("on", [*server_flags,
                              "--enable_batching", "--batching_parameters_file",
                              str(args.batching_parameters_file.resolve())]))
     if args.only_batching:

@@ -370,11 +370,10 @@ def _pad(value: np.ndarray, extra: int) -> np.ndarray:
     return np.concatenate([value, np.repeat(value[:1], extra, axis=0)])
 
 
-def scheduler_for(batching: BatchingParameters | None, max_batch_size: int, threads: int) -> BatchScheduler:
-    """With `batching`, TF Serving's batching; without, each request alone on `threads` threads."""
+def scheduler_for(batching: BatchingParameters | None, max_batch_size: int) -> BatchScheduler:
+    """With `batching`, TF Serving's batching; without, each request alone, one at a time per CPU core (model calls
+    are CPU-bound: more threads only contend, and a queue lets the transports take turns)."""
     if batching is not None:
         return BatchScheduler(batching, merge=True)
-    unbatched = BatchingParameters(max_batch_size=max_batch_size, max_enqueued_batches=1 << 30,
-                                   num_batch_threads=threads)
+    unbatched = BatchingParameters(max_batch_size=max_batch_size, max_enqueued_batches=1 << 30)
     return BatchScheduler(unbatched, merge=False)
-

@@ -42,7 +42,8 @@ class ModelServer:
     A port of 0 binds a free port (read `rest_port` / `grpc_port` after `start`); None disables that API.
     With `poll_seconds` > 0 the config file and the model folders are re-read on that interval (and failed loads
     retried, see ModelManager). `batching` turns on server-side batching with TF Serving's parameters; without it
-    each request runs alone on one of `grpc_workers` threads. `limits` bounds each request and the load in flight.
+    each request runs alone, one per CPU core at a time. gRPC calls are handled on `grpc_workers` threads. `limits`
+    bounds each request and the load in flight.
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class ModelServer:
         return problems
 
     def _start_front_ends(self) -> None:
-        self.scheduler = scheduler_for(self.batching, self.max_batch_size, self.grpc_workers)
+        self.scheduler = scheduler_for(self.batching, self.max_batch_size)
         predictor = Predictor(self.scheduler, self.max_batch_size)
         # Large REST requests are parsed here rather than on the event loop.
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="request-parser")

@@ -9,7 +9,8 @@ Cells, for batching off and on:
   - latency: one client, p50/p99;
   - load: `--clients` clients on REST alone, on gRPC alone, then both at once (mixed);
 and once: the server's peak memory for the largest request the limits admit (REST and gRPC), and for the hostile
-requests of issue 14 (values far beyond the declared shape), as a multiple of the request's size.
+requests of issue 14 (values far beyond the declared shape), as a multiple of the request's size; and, for
+reference, the model called in-process (1 and 64 rows), the floor under any served request's latency.
 
 Each load cell runs `--repeats` times; the table shows medians and the spread (max-min)/median of requests/s, so a
 noisy machine shows. `--server-repo` serves from another checkout (e.g. the code before a change) with the same
@@ -260,6 +261,31 @@ def hostile_grpc_body(signature, model_name: str) -> bytes:
     return request.SerializeToString()
 
 
+def direct_model_cells(export_dir: Path, signature, rows: list[dict], batches=(1, 64), calls: int = 200) -> list[dict]:
+    """The SavedModel called in this process, no server: the floor under every served request's latency."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    from serving.client import rows_to_columns
+
+    function = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    cells = []
+    for batch in batches:
+        columns = rows_to_columns(rows[:batch], signature.inputs, drop_unknown_features=True)
+        tensors = {name: tf.constant(value, dtype=tf.dtypes.as_dtype(types_pb2.DataType.Value(
+            signature.inputs[name].dtype))) for name, value in columns.items()}
+        function(**tensors)
+        latencies = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            function(**tensors)
+            latencies.append(time.perf_counter() - started)
+        cells.append({"rows": batch, "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+                      "p99_ms": 1000 * float(np.percentile(latencies, 99))})
+    return cells
+
+
 def memory_cell(server: ServerProcess, transport: str, body: bytes, path: str, what: str) -> dict:
     """Sends one request and reports the server's peak memory rise over its resident memory before it."""
     request_file = tempfile.NamedTemporaryFile(suffix=".req", delete=False)
@@ -334,6 +360,9 @@ def format_tables(results: dict) -> str:
             f"| {cell['what']} | {cell['transport']} | {cell['request_mb']:.1f} | {cell['answer'][:60]} "
             f"| {cell['seconds']:.2f} | {cell['peak_rise_mb']:.0f} | {cell['rise_per_request_byte']:.1f}x |"
         )
+    lines += ["", "| in-process model call (no server) | p50 ms | p99 ms |", "|---|---:|---:|"]
+    for cell in results.get("direct", []):
+        lines.append(f"| {cell['rows']} row(s) | {cell['p50_ms']:.2f} | {cell['p99_ms']:.2f} |")
     lines.append("")
     lines.append(f"server resident memory at start: {results['server_rss_mb']:.0f} MB; "
                  f"load average before/after: {results['load_average']}")
@@ -504,6 +533,7 @@ def main() -> int:
                           f"in {cell['seconds']:.2f}s", flush=True)
         finally:
             server.stop()
+    results["direct"] = direct_model_cells(base_path / str(versions[-1]), signature, rows)
     results["load_average"].append(os.getloadavg()[0])
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -131,19 +131,20 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="request-parser")
         rest_port, grpc_port = self._requested_ports
         rest_socket = bind_socket(self.host, rest_port) if rest_port is not None else None
-        self._loop = uvloop.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="serving-event-loop", daemon=True)
-        self._loop_thread.start()
 
-        async def start() -> None:
-            if rest_socket is not None:
-                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
-                self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
-                self.rest_port = self._rest.port
-                await self._rest.start()
+        async def start_rest() -> None:
+            api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
+            self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
+            self.rest_port = self._rest.port
+            await self._rest.start()
 
         try:
-            asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=60)
+            if rest_socket is not None:
+                self._loop = uvloop.new_event_loop()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="serving-event-loop",
+                                                     daemon=True)
+                self._loop_thread.start()
+                asyncio.run_coroutine_threadsafe(start_rest(), self._loop).result(timeout=60)
             if grpc_port is not None:
                 self._grpc = GrpcServer(self.manager, predictor, self.admission, self.limits, self.host, grpc_port,
                                         self.grpc_workers)

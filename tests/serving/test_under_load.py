@@ -171,7 +171,7 @@ def test_a_burst_of_connections_waits_in_the_backlog_while_the_server_is_busy(se
     server._loop.call_soon_threadsafe(time.sleep, 1.5)
     connections = []
     try:
-        for _ in range(200):
+        for _ in range(120):  # under the kernel's cap on any backlog on older kernels (somaxconn 128)
             connection = socket.create_connection(("127.0.0.1", server.rest_port), timeout=0.5)
             connections.append(connection)
         for connection in connections[:20]:
@@ -358,12 +358,15 @@ def test_a_malformed_content_length_gets_a_json_400(server, length):
     assert_still_serving(server)
 
 
-def test_conflicting_content_lengths_get_a_json_400(server):
+@pytest.mark.parametrize("framing", [
+    "Content-Length: 2\r\nContent-Length: 3",  # two lengths: which one ends the body?
+    "Content-Length: 2\r\nTransfer-Encoding: chunked",  # both framings: the classic request-smuggling shape
+])
+def test_ambiguous_body_framing_gets_a_json_400(server, framing):
     status, _, payload = split_response(raw_exchange(
-        server.rest_port, f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{{}}"
-        .encode()
+        server.rest_port, f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n{{}}".encode()
     ))
-    assert status == 400 and "error" in json.loads(payload)
+    assert status == 400 and "not valid HTTP/1.1" in json.loads(payload)["error"]
 
 
 def test_an_int64_tensor_over_grpc_at_the_declared_count_is_accepted(stub):

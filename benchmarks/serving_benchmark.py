@@ -1,9 +1,20 @@
-"""Latency and throughput of the local server over REST and gRPC, against calling the SavedModel in-process.
+"""The local server under load: batching off and on, REST and gRPC alone and mixed, and memory per request.
 
-Single-row and 64-row requests, 1 and 8 concurrent clients (threads, each with its own client), each cell run
-for `--seconds`. The server runs in a subprocess (`python -m serving.cli serve`) so it does not share the
-benchmark's interpreter. Every mode pays the same row-to-tensor conversion. Figures land in
-<out>/serving_benchmark.{json,png}.
+The server runs in a subprocess (`python -m serving.cli serve`), and so does each group of clients: a transport's
+clients share one process, so neither the server nor the other transport's clients compete with them for a GIL.
+Every client sends the same pre-built single-row request (the body `serving.client` would send) over its own
+keep-alive connection as fast as it can; the figures are the server's, not the client's row conversion.
+
+Cells, for batching off and on:
+  - latency: one client, p50/p99;
+  - load: `--clients` clients on REST alone, on gRPC alone, then both at once (mixed);
+and once: the server's peak memory for the largest request the limits admit (REST and gRPC), and for the hostile
+requests of issue 14 (values far beyond the declared shape), as a multiple of the request's size; and, for
+reference, the model called in-process (1 and 64 rows), the floor under any served request's latency.
+
+Each load cell runs `--repeats` times; the table shows medians and the spread (max-min)/median of requests/s, so a
+noisy machine shows. `--server-repo` serves from another checkout (e.g. the code before a change) with the same
+clients, for before/after tables; `--no-batching` skips the cells with batching on (code that cannot batch).
 
     .venv/bin/python benchmarks/serving_benchmark.py --model-base-path outputs/serving/taxi --model-name taxi
 """
@@ -12,216 +23,529 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import tensorflow as tf  # noqa: E402
-
-from pipeline.data import EMBEDDED_TAXI_DIR  # noqa: E402
-from serving.client import (  # noqa: E402
-    GrpcClient,
-    RestClient,
-    SignatureSpec,
-    TensorSpec,
-    parse_signature_defs,
-    rows_to_columns,
-)
-from serving.model_repository import list_versions  # noqa: E402
-from serving.servable import read_signature_defs  # noqa: E402
-
-MODES = ("direct", "rest", "grpc")
-BATCH_SIZES = (1, 64)
-CONCURRENCY = (1, 8)
-# A plausible raw value per dtype when no --csv is given; the model's own vocabularies decide what it means.
-SYNTHETIC_VALUES = {"DT_FLOAT": 12.5, "DT_DOUBLE": 12.5, "DT_INT64": 7, "DT_INT32": 7, "DT_STRING": "Cash"}
+DEFAULT_BATCHING_FILE = REPO / "k8s" / "serving" / "base" / "batching_parameters.txt"
+PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 
 
-def synthetic_rows(signature: SignatureSpec, count: int) -> list[dict]:
-    return [{name: SYNTHETIC_VALUES.get(spec.dtype, "") for name, spec in signature.inputs.items()}] * count
-
-
-def csv_rows(path: Path, count: int) -> list[dict]:
-    import csv
-
-    with path.open(newline="") as f:
-        rows = [row for _, row in zip(range(count), csv.DictReader(f), strict=False)]
-    return (rows * (count // len(rows) + 1))[:count]
-
-
-def start_server(base_path: Path, model_name: str) -> tuple[subprocess.Popen, str, str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving.cli", "serve", "--model-base-path", str(base_path), "--model-name",
-         model_name, "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0", "--grpc-workers", "16"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    line = process.stdout.readline()
-    if not line.startswith("serving REST on"):
-        process.kill()
-        raise RuntimeError(f"the server did not start: {line!r}")
-    words = line.split()
-    return process, words[3], words[7]
-
-
-def run_cell(make_call: Callable[[], Callable[[], None]], clients: int, seconds: float) -> dict:
-    """Runs `clients` threads calling as fast as they can for `seconds`; returns latency percentiles and rates."""
+# ---------------------------------------------------------------------------------------------- client processes
+def client_worker(spec: dict) -> dict:
+    """Runs in a subprocess: `spec["clients"]` threads send the pre-built request until `spec["stop_at"]`."""
+    body = Path(spec["request_file"]).read_bytes()
+    clients, start_at, stop_at = spec["clients"], spec["start_at"], spec["stop_at"]
     latencies: list[list[float]] = [[] for _ in range(clients)]
-    calls = [make_call() for _ in range(clients)]
-    for call in calls:
-        for _ in range(3):  # warm-up: connections, metadata caches, traced functions
-            call()
-    start_barrier = threading.Barrier(clients + 1)
-    deadline = [0.0]
+    errors: list[str] = []
+
+    if spec["transport"] == "rest":
+        import http.client
+        import socket
+
+        host, port = spec["target"].split(":")
+
+        def connect() -> http.client.HTTPConnection:
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            connection.connect()
+            connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return connection
+
+        def make_call():
+            connection = [None]
+            headers = {"Content-Type": "application/json"}
+
+            def call() -> None:
+                try:
+                    if connection[0] is None:
+                        connection[0] = connect()
+                    connection[0].request("POST", spec["path"], body, headers)
+                    response = connection[0].getresponse()
+                    payload = response.read()
+                except (OSError, http.client.HTTPException) as e:  # counted, then a new connection
+                    errors.append(f"{type(e).__name__}: {e}")
+                    connection[0].close()
+                    connection[0] = None
+                    return
+                if response.status != 200:
+                    errors.append(f"HTTP {response.status}: {payload[:200]!r}")
+                if response.will_close:
+                    connection[0].close()
+                    connection[0] = None
+            return call
+    else:
+        import grpc
+
+        def make_call():
+            channel = grpc.insecure_channel(spec["target"], options=[("grpc.max_send_message_length", 1 << 30)])
+            predict = channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: no TensorFlow in this process
+
+            def call() -> None:
+                try:
+                    predict(body, timeout=30)
+                except grpc.RpcError as e:
+                    errors.append(f"{e.code().name}: {e.details()}")
+            return call
 
     def worker(index: int) -> None:
-        start_barrier.wait()
-        while time.perf_counter() < deadline[0]:
+        call = make_call()
+        for _ in range(3):  # warm-up: connection, server-side caches
+            call()
+        time.sleep(max(0.0, start_at - time.time()))
+        own = latencies[index]
+        while time.time() < stop_at:
             started = time.perf_counter()
-            calls[index]()
-            latencies[index].append(time.perf_counter() - started)
+            call()
+            own.append(time.perf_counter() - started)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for thread in threads:
         thread.start()
-    deadline[0] = time.perf_counter() + seconds
-    begun = time.perf_counter()
-    start_barrier.wait()
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - begun
-    all_latencies = np.array([x for per_thread in latencies for x in per_thread]) * 1000
+    return {"latencies": [x for own in latencies for x in own], "errors": errors[:5], "error_count": len(errors)}
+
+
+def run_clients(groups: list[dict], seconds: float) -> list[dict]:
+    """Starts one client process per group at once; returns each group's p50/p99 and requests/s."""
+    start_at = time.time() + 2.0 + 0.3 * sum(g["clients"] for g in groups) / 16  # time to connect and warm up
+    processes = []
+    for group in groups:
+        spec = {**group, "start_at": start_at, "stop_at": start_at + seconds}
+        processes.append(subprocess.Popen(
+            [sys.executable, __file__, "--client-worker", json.dumps(spec)], stdout=subprocess.PIPE, text=True,
+        ))
+    results = []
+    for group, process in zip(groups, processes, strict=True):
+        out, _ = process.communicate(timeout=seconds + 120)
+        report = json.loads(out)
+        latencies = sorted(report["latencies"])
+        if not latencies:
+            raise RuntimeError(f"{group['transport']} clients completed no request: {report['errors']}")
+        results.append({
+            "transport": group["transport"], "clients": group["clients"], "requests": len(latencies),
+            "p50_ms": 1000 * latencies[len(latencies) // 2],
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "requests_per_s": len(latencies) / seconds, "errors": report["error_count"],
+            "error_examples": report["errors"],
+        })
+    return results
+
+
+# ------------------------------------------------------------------------------------------------------- server
+class ServerProcess:
+    """`python -m serving.cli serve` from `repo`, on free loopback ports; peak memory read from /proc."""
+
+    def __init__(self, repo: Path, base_path: Path, model_name: str, extra: list[str]) -> None:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(repo)}
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", "serve", "--model-base-path", str(base_path), "--model-name",
+             model_name, "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0", *extra],
+            cwd=repo, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+        )
+        line = self.process.stdout.readline()
+        if not line.startswith("serving REST on"):
+            self.stop()
+            self.stderr.seek(0)
+            raise RuntimeError(f"the server did not start: {line!r}\n{self.stderr.read().decode()[-3000:]}")
+        words = line.split()
+        self.rest_target = words[3].removeprefix("http://")
+        self.grpc_target = words[7]
+
+    def rss_bytes(self) -> int:
+        return _status_kib(self.process.pid, "VmRSS") * 1024
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+    def peak_bytes(self) -> int:
+        return _status_kib(self.process.pid, "VmHWM") * 1024
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
+
+
+# ----------------------------------------------------------------------------------------------------- requests
+def load_signature(export_dir: Path):
+    from google.protobuf import json_format
+
+    from serving.client import parse_signature_defs
+    from serving.servable import read_signature_defs
+
+    signature_defs = read_signature_defs(export_dir)
+    as_dict = json_format.MessageToDict(signature_defs, preserving_proto_field_name=True)
+    return parse_signature_defs(as_dict["signature_def"])["serving_default"]
+
+
+def first_rows(csv_path: Path, count: int) -> list[dict]:
+    import csv
+
+    with csv_path.open(newline="") as f:
+        rows = [row for _, row in zip(range(count), csv.DictReader(f), strict=False)]
+    return (rows * (count // len(rows) + 1))[:count]
+
+
+def rest_body(columns: dict) -> bytes:
+    """The body `serving.client.RestClient` sends (columnar format)."""
+    inputs = {name: values.tolist() for name, values in columns.items()}
+    return json.dumps({"signature_name": "serving_default", "inputs": inputs}, allow_nan=True).encode()
+
+
+def grpc_body(columns: dict, signature, model_name: str) -> bytes:
+    """The PredictRequest `serving.client.GrpcClient` sends, serialized."""
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = "serving_default"
+    for name, values in columns.items():
+        dtype = tf.dtypes.as_dtype(types_pb2.DataType.Value(signature.inputs[name].dtype))
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=dtype))
+    return request.SerializeToString()
+
+
+def largest_admitted_rows(rows: list[dict], signature, max_batch_size: int, target_bytes: int) -> list[dict]:
+    """`max_batch_size` rows whose string features are padded so the REST body is about `target_bytes`."""
+    string_features = [n for n, s in signature.inputs.items() if s.dtype == "DT_STRING"]
+    if not string_features:
+        return rows[:max_batch_size]
+    pad = max(0, target_bytes // (max_batch_size * len(string_features)) - 40)
+    big = []
+    for index in range(max_batch_size):
+        row = dict(rows[index % len(rows)])
+        for name in string_features:
+            row[name] = "x" * pad
+        big.append(row)
+    return big
+
+
+def hostile_rest_body(signature) -> bytes:
+    """Issue 14's REST case: a columnar body of about 60 MB of short strings, far more values than any batch."""
+    name = next(n for n, s in signature.inputs.items() if s.dtype == "DT_STRING")
+    return json.dumps({"inputs": {name: ["ab"] * 10_000_000}}).encode()
+
+
+def hostile_grpc_body(signature, model_name: str) -> bytes:
+    """Issue 14's gRPC case: a string tensor declaring shape [1] but carrying ~12 million values (~60 MB)."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    name = next(n for n, s in signature.inputs.items() if s.dtype == "DT_STRING")
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model_name
+    tensor = request.inputs[name]
+    tensor.dtype = types_pb2.DT_STRING
+    tensor.tensor_shape.dim.add().size = 1
+    tensor.string_val.extend([b"abc"] * 12_000_000)
+    return request.SerializeToString()
+
+
+def direct_model_cells(export_dir: Path, signature, rows: list[dict], batches=(1, 64), calls: int = 200) -> list[dict]:
+    """The SavedModel called in this process, no server: the floor under every served request's latency."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    from serving.client import rows_to_columns
+
+    function = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    cells = []
+    for batch in batches:
+        columns = rows_to_columns(rows[:batch], signature.inputs, drop_unknown_features=True)
+        tensors = {name: tf.constant(value, dtype=tf.dtypes.as_dtype(types_pb2.DataType.Value(
+            signature.inputs[name].dtype))) for name, value in columns.items()}
+        function(**tensors)
+        latencies = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            function(**tensors)
+            latencies.append(time.perf_counter() - started)
+        cells.append({"rows": batch, "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+                      "p99_ms": 1000 * float(np.percentile(latencies, 99))})
+    return cells
+
+
+def memory_cell(server: ServerProcess, transport: str, body: bytes, path: str, what: str) -> dict:
+    """Sends one request and reports the server's peak memory rise over its resident memory before it."""
+    request_file = tempfile.NamedTemporaryFile(suffix=".req", delete=False)
+    request_file.write(body)
+    request_file.close()
+    time.sleep(0.5)
+    before = server.rss_bytes()
+    server.reset_peak()
+    started = time.perf_counter()
+    target = server.rest_target if transport == "rest" else server.grpc_target
+    outcome = _send_once(transport, target, path, request_file.name)
+    elapsed = time.perf_counter() - started
+    rise = max(0, server.peak_bytes() - before)
+    os.unlink(request_file.name)
+    return {"what": what, "transport": transport, "request_mb": len(body) / 1e6, "peak_rise_mb": rise / 1e6,
+            "rise_per_request_byte": rise / len(body), "seconds": elapsed, "answer": outcome}
+
+
+def _send_once(transport: str, target: str, path: str, request_file: str) -> str:
+    body = Path(request_file).read_bytes()
+    if transport == "rest":
+        import http.client
+
+        host, port = target.split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=120)
+        try:
+            connection.request("POST", path, body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            payload = response.read()
+        except OSError as e:
+            return f"connection error {e}"
+        finally:
+            connection.close()
+        return f"HTTP {response.status}" + ("" if response.status == 200 else f" {payload[:100].decode()}")
+    import grpc
+
+    with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 1 << 30),
+                                                ("grpc.max_receive_message_length", 1 << 30)]) as channel:
+        try:
+            channel.unary_unary(PREDICT_METHOD)(body, timeout=120)
+            return "OK"
+        except grpc.RpcError as e:
+            return f"{e.code().name} {e.details()[:100]}"
+
+
+# ------------------------------------------------------------------------------------------------------- report
+def median_cell(runs: list[dict]) -> dict:
+    rates = [r["requests_per_s"] for r in runs]
+    middle = statistics.median(rates)
     return {
-        "requests": int(all_latencies.size),
-        "p50_ms": float(np.percentile(all_latencies, 50)),
-        "p99_ms": float(np.percentile(all_latencies, 99)),
-        "requests_per_s": all_latencies.size / elapsed,
+        "transport": runs[0]["transport"], "clients": runs[0]["clients"],
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs), "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "requests_per_s": middle, "spread": (max(rates) - min(rates)) / middle if middle else 0.0,
+        "errors": sum(r["errors"] for r in runs), "runs": runs,
     }
+
+
+def format_tables(results: dict) -> str:
+    lines = [
+        "| batching | cell | transport | clients | p50 ms | p99 ms | requests/s | spread | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for cell in results["load"]:
+        lines.append(
+            f"| {cell['batching']} | {cell['cell']} | {cell['transport']} | {cell['clients']} | {cell['p50_ms']:.2f} "
+            f"| {cell['p99_ms']:.2f} | {cell['requests_per_s']:.0f} | {100 * cell['spread']:.0f}% | {cell['errors']} |"
+        )
+    lines += ["", "| request | transport | MB | answer | seconds | peak server memory rise MB | rise / size |",
+              "|---|---|---:|---|---:|---:|---:|"]
+    for cell in results["memory"]:
+        lines.append(
+            f"| {cell['what']} | {cell['transport']} | {cell['request_mb']:.1f} | {cell['answer'][:60]} "
+            f"| {cell['seconds']:.2f} | {cell['peak_rise_mb']:.0f} | {cell['rise_per_request_byte']:.1f}x |"
+        )
+    lines += ["", "| in-process model call (no server) | p50 ms | p99 ms |", "|---|---:|---:|"]
+    for cell in results.get("direct", []):
+        lines.append(f"| {cell['rows']} row(s) | {cell['p50_ms']:.2f} | {cell['p99_ms']:.2f} |")
+    lines.append("")
+    lines.append(f"server resident memory at start: {results['server_rss_mb']:.0f} MB; "
+                 f"load average before/after: {results['load_average']}")
+    return "\n".join(lines)
+
+
+def target_lines(results: dict, baseline: dict | None) -> list[str]:
+    """Issue 14's targets, computed from this run (and the baseline's run for "x times today's")."""
+    cell = {(c["batching"], c["cell"], c["transport"]): c for c in results["load"]}
+    lines = ["targets:"]
+    for transport in ("rest", "grpc"):
+        on = cell.get(("on", "alone", transport))
+        if baseline is not None and on is not None:
+            before = {(c["batching"], c["cell"], c["transport"]): c for c in baseline["load"]}.get(
+                ("off", "alone", transport))
+            if before:
+                lines.append(
+                    f"  {transport} x{on['clients']} throughput {on['requests_per_s']:.0f}/s vs "
+                    f"{before['requests_per_s']:.0f}/s before: {on['requests_per_s'] / before['requests_per_s']:.2f}x "
+                    f"(target 3x); p99 {on['p99_ms']:.1f} vs {before['p99_ms']:.1f} ms (target: no worse)")
+        lat_on, lat_off = cell.get(("on", "latency", transport)), cell.get(("off", "latency", transport))
+        if lat_on and lat_off:
+            difference = lat_on["p50_ms"] - lat_off["p50_ms"]
+            lines.append(f"  {transport} single-request p50 with batching {difference:+.2f} ms (target within 1 ms)")
+        for batching in ("off", "on"):
+            alone, mixed = cell.get((batching, "alone", transport)), cell.get((batching, "mixed", transport))
+            if alone and mixed:
+                lines.append(f"  {transport} batching {batching}: mixed keeps "
+                             f"{100 * mixed['requests_per_s'] / alone['requests_per_s']:.0f}% of alone (target 40%)")
+    for memory in results["memory"]:
+        if memory["what"] == "largest admitted":
+            lines.append(f"  {memory['transport']} largest admitted request: memory rise "
+                         f"{memory['rise_per_request_byte']:.1f}x its size (target at most 10x)")
+    return lines
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load = results["load"]
+    labels = [f"{c['cell']}\n{c['transport']} x{c['clients']}\nbatching {c['batching']}" for c in load]
+    figure, (rate_axis, memory_axis) = plt.subplots(
+        1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    colors = ["tab:blue" if c["transport"] == "rest" else "tab:orange" for c in load]
+    rate_axis.bar(range(len(load)), [c["requests_per_s"] for c in load], color=colors)
+    for index, c in enumerate(load):
+        rate_axis.annotate(f"p50 {c['p50_ms']:.1f}\np99 {c['p99_ms']:.1f} ms", (index, c["requests_per_s"]),
+                           ha="center", va="bottom", fontsize=7)
+    rate_axis.set_xticks(range(len(load)), labels, fontsize=7)
+    rate_axis.set_ylabel("requests/s (median of repeats)")
+    rate_axis.set_title("REST (blue) and gRPC (orange), single-row requests")
+    memory = results["memory"]
+    memory_axis.bar(range(len(memory)), [m["rise_per_request_byte"] for m in memory],
+                    color=["tab:blue" if m["transport"] == "rest" else "tab:orange" for m in memory])
+    memory_axis.axhline(10, color="red", linestyle="--", linewidth=1)
+    memory_axis.set_xticks(range(len(memory)), [f"{m['what']}\n{m['transport']}" for m in memory], fontsize=7,
+                           rotation=20)
+    memory_axis.set_ylabel("peak server memory rise / request size")
+    memory_axis.set_title("memory per request (red: 10x)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-base-path", type=Path, required=True, help="folder of <integer version>/ SavedModels")
+    parser.add_argument("--client-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model-base-path", type=Path, help="folder of <integer version>/ SavedModels")
     parser.add_argument("--model-name", default="taxi")
-    parser.add_argument(
-        "--csv", type=Path, default=EMBEDDED_TAXI_DIR / "data.csv",
-        help="raw rows to send (default: the embedded taxi data); 'none' sends one synthetic row repeated",
-    )
-    parser.add_argument("--seconds", type=float, default=2.0, help="duration of each cell (default 2)")
+    parser.add_argument("--csv", type=Path, default=None, help="raw rows to send (default: the embedded taxi data)")
+    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each load cell (default 4)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each load cell; medians are shown")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients per transport (default 16)")
+    parser.add_argument("--server-repo", type=Path, default=REPO, help="checkout whose serving/ runs the server")
+    parser.add_argument("--batching-parameters-file", type=Path, default=DEFAULT_BATCHING_FILE)
+    parser.add_argument("--no-batching", action="store_true", help="only batching off (code that cannot batch)")
+    parser.add_argument("--only-batching", action="store_true", help="only batching on")
+    parser.add_argument("--max-batch-size", type=int, default=1024, help="the server's --max-batch-size")
+    parser.add_argument("--grpc-workers", type=int, default=8, help="the server's --grpc-workers")
+    parser.add_argument("--max-request-mb", type=float, default=60.0, help="size of the largest admitted request")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--cells", default="latency,alone,mixed", help="which load cells to run (comma-separated)")
+    parser.add_argument("--baseline", type=Path, help="serving_benchmark.json of an earlier run (e.g. the code before)")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks")
     args = parser.parse_args()
+    if args.client_worker:
+        print(json.dumps(client_worker(json.loads(args.client_worker))))
+        return 0
+    if args.model_base_path is None:
+        parser.error("--model-base-path is required")
+
+    sys.path.insert(0, str(REPO))
+    from pipeline.data import EMBEDDED_TAXI_DIR
+    from serving.client import rows_to_columns
+    from serving.model_repository import list_versions
 
     base_path = args.model_base_path.resolve()
     versions = list_versions(base_path)
     if not versions:
         print(f"error: no <integer version>/ folder under {base_path}", file=sys.stderr)
         return 2
-    export_dir = base_path / str(versions[-1])
-    signature_defs = read_signature_defs(export_dir)
-    from google.protobuf import json_format
+    signature = load_signature(base_path / str(versions[-1]))
+    rows = first_rows(args.csv or EMBEDDED_TAXI_DIR / "data.csv", args.max_batch_size)
+    one_row = rows_to_columns(rows[:1], signature.inputs, drop_unknown_features=True)
+    path = f"/v1/models/{args.model_name}:predict"
+    scratch = Path(tempfile.mkdtemp(prefix="serving_benchmark_"))
+    (scratch / "rest.req").write_bytes(rest_body(one_row))
+    (scratch / "grpc.req").write_bytes(grpc_body(one_row, signature, args.model_name))
 
-    signatures = parse_signature_defs(
-        json_format.MessageToDict(signature_defs, preserving_proto_field_name=True)["signature_def"]
-    )
-    signature = signatures["serving_default"]
-    loaded = tf.saved_model.load(str(export_dir))
-    direct_function = loaded.signatures["serving_default"]
-    use_csv = str(args.csv) != "none"
-    rows = {n: (csv_rows(args.csv, n) if use_csv else synthetic_rows(signature, n)) for n in BATCH_SIZES}
+    def group(transport: str, clients: int, server: ServerProcess) -> dict:
+        target = server.rest_target if transport == "rest" else server.grpc_target
+        return {"transport": transport, "clients": clients, "target": target, "path": path,
+                "request_file": str(scratch / f"{transport}.req")}
 
-    process, rest_url, grpc_target = start_server(base_path, args.model_name)
-    results = []
-    try:
-        for mode in MODES:
-            for batch in BATCH_SIZES:
-                for clients in CONCURRENCY:
-                    batch_rows = rows[batch]
-
-                    def make_call(mode=mode, batch_rows=batch_rows) -> Callable[[], None]:
-                        if mode == "direct":
-                            dtypes = {n: tf.dtypes.as_dtype(loaded_dtype(s)) for n, s in signature.inputs.items()}
-                            return lambda: direct_function(**{
-                                n: tf.constant(v, dtype=dtypes[n])
-                                for n, v in rows_to_columns(batch_rows, signature.inputs, True).items()
-                            })
-                        client = RestClient(rest_url) if mode == "rest" else GrpcClient(grpc_target)
-                        return lambda: client.predict(batch_rows, args.model_name, drop_unknown_features=True)
-
-                    cell = run_cell(make_call, clients, args.seconds)
-                    cell.update(mode=mode, batch=batch, clients=clients, rows_per_s=cell["requests_per_s"] * batch)
-                    results.append(cell)
-                    print(f"{mode:6} batch {batch:2} clients {clients}: p50 {cell['p50_ms']:7.2f} ms  "
-                          f"p99 {cell['p99_ms']:7.2f} ms  {cell['requests_per_s']:8.1f} req/s", flush=True)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    server_flags = ["--max-batch-size", str(args.max_batch_size), "--grpc-workers", str(args.grpc_workers)]
+    modes = [("off", server_flags)]
+    if not args.no_batching:
+        modes.append(("on", [*server_flags,
+                             "--enable_batching", "--batching_parameters_file",
+                             str(args.batching_parameters_file.resolve())]))
+    if args.only_batching:
+        modes = modes[1:]
+    results: dict = {"load": [], "memory": [], "load_average": [os.getloadavg()[0]]}
+    for batching, extra in modes:
+        server = ServerProcess(args.server_repo.resolve(), base_path, args.model_name, extra)
+        try:
+            for transport in ("rest", "grpc"):  # the first calls trace and initialize the model: not measured
+                target = server.rest_target if transport == "rest" else server.grpc_target
+                for _ in range(3):
+                    _send_once(transport, target, path, str(scratch / f"{transport}.req"))
+            results["server_rss_mb"] = server.rss_bytes() / 1e6
+            cells = [
+                ("latency", [("rest", 1)]), ("latency", [("grpc", 1)]),
+                ("alone", [("rest", args.clients)]), ("alone", [("grpc", args.clients)]),
+                ("mixed", [("rest", args.clients), ("grpc", args.clients)]),
+            ]
+            for name, groups in cells:
+                if name not in args.cells.split(","):
+                    continue
+                runs = [run_clients([group(t, c, server) for t, c in groups], args.seconds)
+                        for _ in range(args.repeats)]
+                for index in range(len(groups)):
+                    cell = median_cell([run[index] for run in runs])
+                    cell.update(batching=batching, cell=name)
+                    results["load"].append(cell)
+                    print(f"batching {batching:3} {name:7} {cell['transport']:4} x{cell['clients']:2}: "
+                          f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  "
+                          f"{cell['requests_per_s']:7.0f} req/s (spread {100 * cell['spread']:.0f}%)"
+                          + (f"  {cell['errors']} errors: {cell['runs'][0]['error_examples'][:1]}"
+                             if cell["errors"] else ""), flush=True)
+            if not args.skip_memory and batching == modes[-1][0]:
+                big_rows = largest_admitted_rows(rows, signature, args.max_batch_size,
+                                                 int(args.max_request_mb * 1e6))
+                big = rows_to_columns(big_rows, signature.inputs, drop_unknown_features=True)
+                for transport, what, body in (
+                    ("rest", "largest admitted", rest_body(big)),
+                    ("grpc", "largest admitted", grpc_body(big, signature, args.model_name)),
+                    ("rest", "hostile: 10M strings", hostile_rest_body(signature)),
+                    ("grpc", "hostile: 12M strings, shape [1]", hostile_grpc_body(signature, args.model_name)),
+                ):
+                    cell = memory_cell(server, transport, body, path, what)
+                    results["memory"].append(cell)
+                    print(f"memory {what:32} {transport:4} {cell['request_mb']:5.1f} MB -> {cell['answer'][:50]:50} "
+                          f"peak rise {cell['peak_rise_mb']:6.0f} MB ({cell['rise_per_request_byte']:.1f}x) "
+                          f"in {cell['seconds']:.2f}s", flush=True)
+        finally:
+            server.stop()
+    results["direct"] = direct_model_cells(base_path / str(versions[-1]), signature, rows)
+    results["load_average"].append(os.getloadavg()[0])
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving_benchmark.json").write_text(json.dumps(results, indent=2))
-    table = format_table(results)
+    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+    table = format_tables(results) + "\n\n" + "\n".join(target_lines(results, baseline))
+    (args.out / "serving_benchmark.md").write_text(table + "\n")
+    plot(results, args.out / "serving_benchmark.png")
     print()
     print(table)
-    plot(results, args.out / "serving_benchmark.png")
-    print(f"\nfigures: {args.out / 'serving_benchmark.json'} and {args.out / 'serving_benchmark.png'}")
+    print(f"\nfigures: {args.out}/serving_benchmark.{{json,md,png}}")
     return 0
-
-
-def loaded_dtype(spec: TensorSpec) -> int:
-    from tensorflow.core.framework import types_pb2
-
-    return types_pb2.DataType.Value(spec.dtype)
-
-
-def format_table(results: list[dict]) -> str:
-    lines = [
-        "| mode | rows/request | clients | p50 ms | p99 ms | requests/s | rows/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['mode']} | {r['batch']} | {r['clients']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['requests_per_s']:.0f} | {r['rows_per_s']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cells = [(b, c) for b in BATCH_SIZES for c in CONCURRENCY]
-    labels = [f"{b} row{'s' if b > 1 else ''}\n{c} client{'s' if c > 1 else ''}" for b, c in cells]
-    x = np.arange(len(cells))
-    width = 0.27
-    figure, (latency_axis, throughput_axis) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for i, mode in enumerate(MODES):
-        by_cell = {(r["batch"], r["clients"]): r for r in results if r["mode"] == mode}
-        p50 = [by_cell[c]["p50_ms"] for c in cells]
-        p99 = [by_cell[c]["p99_ms"] for c in cells]
-        bars = latency_axis.bar(x + (i - 1) * width, p50, width, label=f"{mode} p50")
-        latency_axis.errorbar(x + (i - 1) * width, p50, yerr=[[0] * len(p50), np.subtract(p99, p50)],
-                              fmt="none", ecolor=bars.patches[0].get_facecolor(), capsize=3)
-        throughput_axis.bar(x + (i - 1) * width, [by_cell[c]["rows_per_s"] for c in cells], width, label=mode)
-    latency_axis.set_yscale("log")
-    latency_axis.set_ylabel("latency ms (bar p50, whisker p99)")
-    throughput_axis.set_yscale("log")
-    throughput_axis.set_ylabel("rows per second")
-    for axis in (latency_axis, throughput_axis):
-        axis.set_xticks(x, labels)
-        axis.legend()
-    figure.suptitle("Local TF-Serving-compatible server: REST vs gRPC vs in-process SavedModel call")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,15 @@ import sys
 import threading
 from pathlib import Path
 
-from serving import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_MAX_BATCH_SIZE, DEFAULT_REST_PORT
+from serving import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_LOAD_RETRY_INTERVAL_S,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_NUM_LOAD_RETRIES,
+    DEFAULT_REST_PORT,
+    ServingLimits,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +42,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
         help=f"largest number of examples in one request (default {DEFAULT_MAX_BATCH_SIZE})",
     )
-    serve.add_argument("--grpc-workers", type=int, default=8, help="gRPC worker threads (default 8)")
+    serve.add_argument(
+        "--grpc-workers", type=int, default=8,
+        help="gRPC worker threads (default 8)",
+    )
+    batching = serve.add_argument_group("server-side batching (TF Serving's flags and file format)")
+    batching.add_argument(
+        "--enable_batching", "--enable-batching", dest="enable_batching", action="store_true",
+        help="merge concurrent requests (REST and gRPC alike) into batches",
+    )
+    batching.add_argument(
+        "--batching_parameters_file", "--batching-parameters-file", dest="batching_parameters_file", metavar="FILE",
+        help="text-format BatchingParameters, e.g. k8s/serving/base/batching_parameters.txt (the cluster's file)",
+    )
+    retries = serve.add_argument_group("failed loads (TF Serving's flags)")
+    retries.add_argument(
+        "--max_num_load_retries", "--max-num-load-retries", dest="max_num_load_retries", type=int,
+        default=DEFAULT_MAX_NUM_LOAD_RETRIES,
+        help=f"retries of a version that failed to load (default {DEFAULT_MAX_NUM_LOAD_RETRIES}); "
+             "any change in its folder starts over",
+    )
+    retries.add_argument(
+        "--load_retry_interval_micros", "--load-retry-interval-micros", dest="load_retry_interval_micros", type=int,
+        default=int(DEFAULT_LOAD_RETRY_INTERVAL_S * 1e6),
+        help=f"wait between retries (default {int(DEFAULT_LOAD_RETRY_INTERVAL_S * 1e6)}, one minute)",
+    )
+    limits = serve.add_argument_group("limits on requests")
+    limits.add_argument(
+        "--max-request-bytes", type=int, default=ServingLimits.max_request_bytes,
+        help=f"largest REST body or gRPC message (default {ServingLimits.max_request_bytes})",
+    )
+    limits.add_argument(
+        "--max-in-flight-requests", type=int, default=ServingLimits.max_in_flight_requests,
+        help="requests in progress over both transports before more get UNAVAILABLE / HTTP 503 "
+             f"(default {ServingLimits.max_in_flight_requests})",
+    )
+    limits.add_argument(
+        "--max-connections", type=int, default=ServingLimits.max_connections,
+        help=f"open REST connections before more get HTTP 503 (default {ServingLimits.max_connections})",
+    )
     serve.set_defaults(handler=serve_command)
 
     predict = subparsers.add_parser("predict", help="ask a TF Serving (real or local) for predictions")
@@ -65,11 +111,37 @@ def serve_command(args: argparse.Namespace) -> int:
         return _usage_error("give --model-config FILE, or --model-base-path DIR with --model-name NAME")
     if args.max_batch_size < 1:
         return _usage_error("--max-batch-size must be at least 1")
+    if args.grpc_workers < 1:
+        return _usage_error("--grpc-workers must be at least 1")
+    if args.batching_parameters_file and not args.enable_batching:
+        return _usage_error("--batching_parameters_file applies only with --enable_batching; add it")
+    if args.max_num_load_retries < 0 or args.load_retry_interval_micros < 0:
+        return _usage_error("--max_num_load_retries and --load_retry_interval_micros must not be negative")
+    for flag, value in (("--max-request-bytes", args.max_request_bytes),
+                        ("--max-in-flight-requests", args.max_in_flight_requests),
+                        ("--max-connections", args.max_connections)):
+        if value < 1:
+            return _usage_error(f"{flag} must be at least 1")
+    batching = None
+    if args.enable_batching:
+        from serving.batching import BatchingConfigError, BatchingParameters, read_batching_parameters
+
+        try:
+            batching = (read_batching_parameters(args.batching_parameters_file) if args.batching_parameters_file
+                        else BatchingParameters())
+        except BatchingConfigError as e:
+            return _usage_error(str(e))
+    limits = ServingLimits(
+        max_request_bytes=args.max_request_bytes, max_in_flight_requests=args.max_in_flight_requests,
+        max_in_flight_bytes=max(ServingLimits.max_in_flight_bytes, 4 * args.max_request_bytes),
+        max_connections=args.max_connections,
+    )
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = dict(
         host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port, poll_seconds=args.poll_seconds,
-        max_batch_size=args.max_batch_size, grpc_workers=args.grpc_workers,
+        max_batch_size=args.max_batch_size, grpc_workers=args.grpc_workers, batching=batching, limits=limits,
+        max_num_load_retries=args.max_num_load_retries, load_retry_interval_s=args.load_retry_interval_micros / 1e6,
     )
     # The handler is in place before the ports open (and so before the ready line): a SIGTERM from then on stops
     # the server cleanly instead of killing the process.

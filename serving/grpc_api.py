@@ -1,12 +1,20 @@
-"""TF Serving's gRPC services (PredictionService, ModelService) from tensorflow-serving-api's own stubs."""
+"""TF Serving's gRPC services (PredictionService, ModelService) from tensorflow-serving-api's own stubs.
+
+gRPC's synchronous server (a thread pool; per call about half the cost of grpc.aio here) runs the handlers; their
+model calls go to the scheduler the REST API uses too. Predict takes the request's bytes rather than a parsed
+message: the message is admitted by size, and a large one has its value counts read from the wire
+(`serving.limits.check_wire_value_counts`) before the protobuf is parsed.
+"""
 from __future__ import annotations
 
 import logging
+import math
 from concurrent import futures
 
 import grpc
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -19,19 +27,25 @@ from tensorflow_serving.apis import (
 
 from serving.api_messages import SIGNATURE_DEF_FIELD, model_metadata_response, model_status_response
 from serving.errors import ServingRequestError, invalid_argument
+from serving.limits import (
+    AdmissionControl,
+    ServingLimits,
+    check_tensor_proto,
+    check_wire_value_counts,
+    wire_fields,
+)
 from serving.model_manager import ConfigError, ModelManager
-from serving.predictor import run_prediction
+from serving.predictor import Predictor
 from serving.servable import ServableVersion, dtype_label
 
 logger = logging.getLogger(__name__)
 
-# TF Serving accepts requests up to 2 GiB; a bounded size keeps one client from exhausting memory here.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-# A TensorProto's shape is checked before any array is built: one string_val can declare billions of elements.
-# Elements per example when the signature leaves a non-batch dimension (or the rank) open.
-MAX_ELEMENTS_PER_EXAMPLE = 1 << 20
-# Never more elements in one input tensor than this, whatever the batch size and signature allow.
-MAX_TENSOR_ELEMENTS = MAX_MESSAGE_BYTES // 4
+SERVICE = "tensorflow.serving.PredictionService"
+# Messages below this size are parsed without reading their value counts first: even the worst (empty strings,
+# ~20x in memory) cost little.
+WIRE_CHECK_BYTES = 1024 * 1024
+# Responses are not what a client controls; this only bounds a runaway model output.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 
 
 def _spec_choice(spec: model_pb2.ModelSpec) -> tuple[int | None, str | None]:
@@ -43,61 +57,20 @@ def _spec_choice(spec: model_pb2.ModelSpec) -> tuple[int | None, str | None]:
     return None, None
 
 
-def max_input_elements(info, max_batch_size: int) -> int:
-    """The most elements a valid input for `info` can hold: a full batch of examples of the signature's shape."""
-    dims = None if info.tensor_shape.unknown_rank else [d.size for d in info.tensor_shape.dim]
-    if not dims:
-        per_example = 1 if dims == [] else MAX_ELEMENTS_PER_EXAMPLE
-    elif any(d < 0 for d in dims[1:]):
-        per_example = MAX_ELEMENTS_PER_EXAMPLE
-    else:
-        per_example = 1
-        for d in dims[1:]:
-            per_example *= d
-    return min(max(max_batch_size, 1) * max(per_example, 1), MAX_TENSOR_ELEMENTS)
-
-
-def check_tensor_proto_shape(name: str, tensor, info, max_batch_size: int) -> None:
-    """Refuses a TensorProto whose declared shape is negative or too large, before any memory is allocated."""
-    dims = [d.size for d in tensor.tensor_shape.dim]
-    if any(d < 0 for d in dims):
-        raise invalid_argument(f"Input {name} has shape {dims} with a negative dimension; give every size.")
-    if dims and dims[0] > max_batch_size:
-        raise invalid_argument(
-            f"Batch size {dims[0]} of input {name} is larger than the maximum batch size {max_batch_size}; "
-            "split the request into smaller ones."
-        )
-    elements = 1
-    for d in dims:
-        elements *= d
-    limit = max_input_elements(info, max_batch_size)
-    if elements > limit:
-        raise invalid_argument(
-            f"Input {name} has shape {dims} ({elements} elements), more than the {limit} the signature allows "
-            f"for a batch of {max_batch_size}; send fewer or smaller examples."
-        )
-
-
-def _abort_on_error(method):
-    """Turns ServingRequestError into the matching gRPC status; anything else is INTERNAL and logged."""
-
-    def wrapper(self, request, context):
-        try:
-            return method(self, request, context)
-        except ServingRequestError as e:
-            context.abort(e.code, e.message)
-        except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
-            logger.exception("internal error in %s", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {e}")
-
-    wrapper.__name__ = method.__name__
-    return wrapper
+def _abort(context, error: Exception, method: str):
+    if isinstance(error, ServingRequestError):
+        context.abort(error.code, error.message)
+    logger.error("internal error in %s", method, exc_info=error)
+    context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {error}")
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, manager: ModelManager, max_batch_size: int) -> None:
+    """Predict (on raw bytes, see `predict_handler`), GetModelMetadata; the other methods are UNIMPLEMENTED."""
+
+    def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl) -> None:
         self.manager = manager
-        self.max_batch_size = max_batch_size
+        self.predictor = predictor
+        self.admission = admission
 
     def _resolve(self, spec: model_pb2.ModelSpec) -> ServableVersion:
         if not spec.name:
@@ -105,11 +78,49 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         version, label = _spec_choice(spec)
         return self.manager.resolve(spec.name, version, label)
 
-    @_abort_on_error
-    def Predict(self, request: predict_pb2.PredictRequest, context) -> predict_pb2.PredictResponse:  # noqa: N802
+    def predict_bytes(self, data: bytes, context) -> bytes:
+        try:  # gRPC itself refuses messages over max_request_bytes (RESOURCE_EXHAUSTED)
+            self.admission.admit(len(data))
+        except ServingRequestError as e:
+            _abort(context, e, "Predict")
+        try:
+            request, servable, arrays = self._prepare(data)
+            signature, outputs = self.predictor.predict_blocking(
+                servable, request.model_spec.signature_name, arrays, "grpc", list(request.output_filter),
+                timeout_s=context.time_remaining(),
+            )
+            response = predict_pb2.PredictResponse()
+            response.model_spec.name = servable.model_name
+            response.model_spec.version.value = servable.version
+            response.model_spec.signature_name = signature.name
+            for name, value in outputs.items():
+                array_to_tensor_proto(np.asarray(value), response.outputs[name])
+            return response.SerializeToString()
+        except Exception as e:  # noqa: BLE001 - every error becomes a status; none takes the server down
+            _abort(context, e, "Predict")
+        finally:
+            self.admission.release(len(data))
+
+    def _prepare(self, data: bytes) -> tuple[predict_pb2.PredictRequest, ServableVersion, dict[str, np.ndarray]]:
+        """Checks the message's cost, parses it and builds the input arrays."""
+        max_batch_size = self.predictor.max_batch_size
+        if len(data) > WIRE_CHECK_BYTES:
+            spec = _wire_model_spec(data)
+            servable = self._resolve(spec)
+            limits: dict[str, int] = {}
+            for signature in servable.signatures.values():
+                for name, limit in signature.max_input_elements(max_batch_size).items():
+                    limits[name] = max(limits.get(name, 0), limit)
+            check_wire_value_counts(data, limits)
+        request = predict_pb2.PredictRequest()
+        try:
+            request.ParseFromString(data)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise invalid_argument(f"The PredictRequest is not a valid protobuf message ({e}).") from e
         servable = self._resolve(request.model_spec)
         signature = servable.signature(request.model_spec.signature_name)
         arrays = {}
+        max_elements = signature.max_input_elements(max_batch_size)
         for name, tensor in request.inputs.items():
             info = signature.inputs.get(name)
             if info is None:
@@ -121,32 +132,26 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 expected = dtype_label(info.dtype)
                 given = dtype_label(tensor.dtype) if tensor.dtype else "an unset dtype"
                 raise invalid_argument(f"Expects arg[{name}] to be {expected} but {given} is provided")
-            check_tensor_proto_shape(name, tensor, info, self.max_batch_size)
+            declared = [d.size for d in tensor.tensor_shape.dim]
+            check_tensor_proto(name, tensor, declared, max_elements[name], max_batch_size)
             try:
-                arrays[name] = tf.make_ndarray(tensor)
+                arrays[name] = tensor_proto_to_array(tensor, declared)
             except (ValueError, TypeError) as e:
                 raise invalid_argument(f"Input {name} is not a valid TensorProto: {e}") from e
-        used, outputs = run_prediction(
-            servable, signature.name, arrays, self.max_batch_size, list(request.output_filter)
-        )
-        response = predict_pb2.PredictResponse()
-        response.model_spec.name = servable.model_name
-        response.model_spec.version.value = servable.version
-        response.model_spec.signature_name = used.name
-        for name, value in outputs.items():
-            response.outputs[name].CopyFrom(tf.make_tensor_proto(np.asarray(value)))
-        return response
+        return request, servable, arrays
 
-    @_abort_on_error
     def GetModelMetadata(  # noqa: N802
         self, request: get_model_metadata_pb2.GetModelMetadataRequest, context
     ) -> get_model_metadata_pb2.GetModelMetadataResponse:
-        if not request.metadata_field:
-            raise invalid_argument("GetModelMetadataRequest must specify at least one metadata_field")
-        for field in request.metadata_field:
-            if field != SIGNATURE_DEF_FIELD:
-                raise invalid_argument(f"Metadata field {field} is not supported")
-        return model_metadata_response(self._resolve(request.model_spec))
+        try:
+            if not request.metadata_field:
+                raise invalid_argument("GetModelMetadataRequest must specify at least one metadata_field")
+            for field in request.metadata_field:
+                if field != SIGNATURE_DEF_FIELD:
+                    raise invalid_argument(f"Metadata field {field} is not supported")
+            return model_metadata_response(self._resolve(request.model_spec))
+        except Exception as e:  # noqa: BLE001
+            _abort(context, e, "GetModelMetadata")
 
     def _unimplemented(self, context, name: str):
         context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server; use Predict.")
@@ -160,52 +165,77 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def MultiInference(self, request, context):  # noqa: N802
         self._unimplemented(context, "MultiInference")
 
+    def predict_handler(self) -> grpc.GenericRpcHandler:
+        """Predict with the request's bytes in and the response's bytes out (registered before the stub's)."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE, {"Predict": grpc.unary_unary_rpc_method_handler(self.predict_bytes)}
+        )
+
+
+def _wire_model_spec(data: bytes) -> model_pb2.ModelSpec:
+    """The model_spec of a serialized PredictRequest, read without parsing the rest."""
+    spec = model_pb2.ModelSpec()
+    try:
+        for number, wire_type, start, end in wire_fields(data, 0, len(data)):
+            if number == 1 and wire_type == 2:
+                spec.MergeFromString(data[start:end])
+    except Exception as e:  # noqa: BLE001 - WireFormatError, protobuf's DecodeError
+        raise invalid_argument(f"The PredictRequest is not a valid protobuf message ({e}).") from e
+    return spec
+
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    @_abort_on_error
     def GetModelStatus(  # noqa: N802
         self, request: get_model_status_pb2.GetModelStatusRequest, context
     ) -> get_model_status_pb2.GetModelStatusResponse:
-        if not request.HasField("model_spec") or not request.model_spec.name:
-            raise invalid_argument("Missing ModelSpec")
-        version, label = _spec_choice(request.model_spec)
-        return model_status_response(self.manager.model_status(request.model_spec.name, version, label))
+        try:
+            if not request.HasField("model_spec") or not request.model_spec.name:
+                raise invalid_argument("Missing ModelSpec")
+            version, label = _spec_choice(request.model_spec)
+            return model_status_response(self.manager.model_status(request.model_spec.name, version, label))
+        except Exception as e:  # noqa: BLE001
+            _abort(context, e, "GetModelStatus")
 
-    @_abort_on_error
     def HandleReloadConfigRequest(  # noqa: N802
         self, request: model_management_pb2.ReloadConfigRequest, context
     ) -> model_management_pb2.ReloadConfigResponse:
-        response = model_management_pb2.ReloadConfigResponse()
         try:
-            problems = self.manager.apply_config(request.config)
-        except ConfigError as e:
-            raise invalid_argument(str(e)) from e
-        if problems:
-            # The config is in force; what could not be loaded is in model status. Report it like a failed reload.
-            raise ServingRequestError(grpc.StatusCode.FAILED_PRECONDITION, " ".join(problems))
-        return response
+            try:
+                problems = self.manager.apply_config(request.config)
+            except ConfigError as e:
+                raise invalid_argument(str(e)) from e
+            if problems:
+                # The config is in force; what could not be loaded is in model status. Report it like a failed reload.
+                raise ServingRequestError(grpc.StatusCode.FAILED_PRECONDITION, " ".join(problems))
+            return model_management_pb2.ReloadConfigResponse()
+        except Exception as e:  # noqa: BLE001
+            _abort(context, e, "HandleReloadConfigRequest")
 
 
 class GrpcServer:
     """PredictionService and ModelService on host:port (port 0 picks a free one), served by a thread pool."""
 
-    def __init__(self, manager: ModelManager, host: str, port: int, max_batch_size: int, workers: int) -> None:
+    def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
+                 limits: ServingLimits, host: str, port: int, workers: int) -> None:
         # grpc.server's stop() leaves the executor it was given running: stop() shuts it down.
         self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
         self._server = grpc.server(
             self._executor,
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", limits.max_request_bytes),
+                ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
+            # Calls waiting for a worker thread are bounded too: past this, RESOURCE_EXHAUSTED at once (as TF
+            # Serving's own thread pool answers), before their messages are read.
+            maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionServicer(manager, max_batch_size), self._server
-        )
+        servicer = PredictionServicer(manager, predictor, admission)
+        self._server.add_generic_rpc_handlers((servicer.predict_handler(),))
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, self._server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager), self._server)
         try:
             self.port = self._server.add_insecure_port(f"{host}:{port}")
@@ -222,3 +252,40 @@ class GrpcServer:
     def stop(self, grace_s: float = 1.0) -> None:
         self._server.stop(grace_s).wait()
         self._executor.shutdown(wait=False)
+
+
+def tensor_proto_to_array(tensor, declared: list[int]) -> np.ndarray:
+    """The TensorProto (of shape `declared`) as an array; the common case (one value per element in the dtype's
+    field) without tf.make_ndarray's per-call overhead."""
+    fast = _FAST_DTYPES.get(tensor.dtype)
+    if fast is not None and not tensor.tensor_content:
+        field, numpy_dtype = fast
+        values = getattr(tensor, field)
+        if len(values) == math.prod(declared):
+            return np.array(values, dtype=numpy_dtype).reshape(declared)
+    return tf.make_ndarray(tensor)
+
+
+def array_to_tensor_proto(value: np.ndarray, proto) -> None:
+    """Fills `proto` as tf.make_tensor_proto would (values in the dtype's field, as TF Serving answers), faster."""
+    field = _FAST_FIELDS.get(value.dtype.kind + str(value.dtype.itemsize))
+    if field is None or value.dtype == object:
+        proto.CopyFrom(tf.make_tensor_proto(value))
+        return
+    dtype_enum, name = field
+    proto.dtype = dtype_enum
+    for size in value.shape:
+        proto.tensor_shape.dim.add().size = size
+    getattr(proto, name).extend(value.ravel().tolist())
+
+
+_FAST_FIELDS = {
+    "f4": (types_pb2.DT_FLOAT, "float_val"), "f8": (types_pb2.DT_DOUBLE, "double_val"),
+    "i4": (types_pb2.DT_INT32, "int_val"), "i8": (types_pb2.DT_INT64, "int64_val"),
+    "b1": (types_pb2.DT_BOOL, "bool_val"),
+}
+_FAST_DTYPES = {
+    types_pb2.DT_FLOAT: ("float_val", np.float32), types_pb2.DT_DOUBLE: ("double_val", np.float64),
+    types_pb2.DT_INT32: ("int_val", np.int32), types_pb2.DT_INT64: ("int64_val", np.int64),
+    types_pb2.DT_BOOL: ("bool_val", np.bool_), types_pb2.DT_STRING: ("string_val", object),
+}

@@ -2,18 +2,25 @@
 
 Requests read one immutable snapshot (no lock per request). A reload loads new versions first and then
 publishes a new snapshot, so a version is unloaded only after its replacement is available.
+
+A failed load is retried as TF Serving does (`--max_num_load_retries` times, `--load_retry_interval_micros`
+apart; the version shows LOADING meanwhile and END once given up), and from scratch whenever anything in its
+folder changes: a version whose files are still being copied is retried once they are complete, not given up on.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensorflow_serving.config import model_server_config_pb2
 
+from serving import DEFAULT_LOAD_RETRY_INTERVAL_S, DEFAULT_MAX_NUM_LOAD_RETRIES
 from serving.errors import invalid_argument, not_found
 from serving.model_repository import RepositoryError, list_versions, validate_label, validate_model_name
 from serving.servable import ServableLoadError, ServableVersion, load_servable_version
@@ -21,6 +28,8 @@ from serving.servable import ServableLoadError, ServableVersion, load_servable_v
 logger = logging.getLogger(__name__)
 
 SUPPORTED_PLATFORMS = frozenset({"", "tensorflow"})
+# A version folder is fingerprinted by at most this many entries (a SavedModel has a handful).
+MAX_FINGERPRINT_ENTRIES = 10_000
 
 
 class ConfigError(ValueError):
@@ -35,6 +44,17 @@ class VersionState:
     state: str
     error_code: str = "OK"
     error_message: str = ""
+
+
+@dataclass(frozen=True)
+class FailedLoad:
+    """A version that failed to load: its folder as it was, the retries made since, and when the next is due."""
+
+    fingerprint: str
+    retries: int
+    next_retry_at: float
+    code: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -99,14 +119,25 @@ def aspired_versions(model_config: model_server_config_pb2.ModelConfig, on_disk:
 class ModelManager:
     """Loads and unloads versions to match a ModelServerConfig and answers which version serves a request."""
 
-    def __init__(self, loader: Callable[[str, int, str], ServableVersion] = load_servable_version) -> None:
+    def __init__(
+        self,
+        loader: Callable[[str, int, str], ServableVersion] = load_servable_version,
+        max_num_load_retries: int = DEFAULT_MAX_NUM_LOAD_RETRIES,
+        load_retry_interval_s: float = DEFAULT_LOAD_RETRY_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_num_load_retries < 0 or load_retry_interval_s < 0:
+            raise ValueError("max_num_load_retries and load_retry_interval_s must not be negative.")
         self._loader = loader
+        self.max_num_load_retries = max_num_load_retries
+        self.load_retry_interval_s = load_retry_interval_s
+        self._clock = clock
         self._reload_lock = threading.Lock()
         self._config = model_server_config_pb2.ModelServerConfig()
         # Published mappings are never mutated, only replaced, so readers need no lock.
         self._models: Mapping[str, ModelSnapshot] = {}
         self._states: Mapping[str, Mapping[int, VersionState]] = {}
-        self._failed_loads: dict[tuple[str, int], tuple] = {}
+        self._failed_loads: dict[tuple[str, int], FailedLoad] = {}
         # Problems already logged: a problem that persists is returned by every sync but warned about once.
         self._reported_problems: frozenset[str] = frozenset()
 
@@ -266,17 +297,35 @@ class ModelManager:
         return ModelSnapshot(name, retained, labels)
 
     def _load(self, name: str, version: int, path: str, problems: list[str]) -> ServableVersion | None:
-        fingerprint = _folder_fingerprint(path)
-        if self._failed_loads.get((name, version)) == fingerprint:
-            return None  # Unchanged since it last failed: its status already says why.
+        fingerprint = folder_fingerprint(path)
+        failed = self._failed_loads.get((name, version))
+        retry = 0
+        if failed is not None and failed.fingerprint == fingerprint:
+            if not load_retry_due(failed, self.max_num_load_retries, self._clock()):
+                if failed.retries < self.max_num_load_retries:
+                    problems.append(f"Model {name} version {version} failed to load, retrying: {failed.reason}")
+                else:
+                    problems.append(f"Model {name} version {version} failed to load: {failed.reason}")
+                return None  # its status already says why
+            retry = failed.retries + 1
+        # A folder that changed since it failed (still being written, or fixed) starts over with a fresh budget.
         self._set_state(name, VersionState(version, "LOADING"))
         try:
             servable = self._loader(name, version, path)
         except Exception as e:  # noqa: BLE001 - a broken version must never stop the versions already serving
             code, reason = (e.code, e.message) if isinstance(e, ServableLoadError) else ("UNKNOWN", repr(e))
-            self._failed_loads[(name, version)] = fingerprint
-            self._set_state(name, VersionState(version, "END", code, reason))
-            problems.append(f"Model {name} version {version} failed to load: {reason}")
+            self._failed_loads[(name, version)] = FailedLoad(
+                fingerprint, retry, self._clock() + self.load_retry_interval_s, code, reason
+            )
+            if retry < self.max_num_load_retries:
+                # As TF Serving: LOADING while retries remain.
+                message = (f"Load failed, retry {retry + 1} of {self.max_num_load_retries} in "
+                           f"{self.load_retry_interval_s:g} s (sooner if the folder changes): {reason}")
+                self._set_state(name, VersionState(version, "LOADING", "OK", message))
+                problems.append(f"Model {name} version {version} failed to load, retrying: {reason}")
+            else:
+                self._set_state(name, VersionState(version, "END", code, reason))
+                problems.append(f"Model {name} version {version} failed to load: {reason}")
             return None
         self._failed_loads.pop((name, version), None)
         self._set_state(name, VersionState(version, "AVAILABLE"))
@@ -288,13 +337,25 @@ class ModelManager:
         self._states = {**self._states, name: model_states}
 
 
-def _folder_fingerprint(path: str) -> tuple:
-    # A failed version is retried only when its folder changed (e.g. it was fixed in place).
-    parts = []
-    for candidate in (path, os.path.join(path, "saved_model.pb"), os.path.join(path, "variables")):
-        try:
-            parts.append(os.stat(candidate).st_mtime_ns)
-        except OSError:
-            parts.append(None)
-    return tuple(parts)
+def load_retry_due(failed: FailedLoad, max_num_load_retries: int, now: float) -> bool:
+    """Whether an unchanged version that failed may be loaded again: retries left and the interval passed."""
+    return failed.retries < max_num_load_retries and now >= failed.next_retry_at
 
+
+def folder_fingerprint(path: str) -> str:
+    """Names, sizes and modification times of everything under `path`: any write inside the folder changes it."""
+    digest = hashlib.sha256()
+    entries = 0
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            digest.update(f"{os.path.relpath(os.path.join(root, name), path)}\0{stat.st_size}\0"
+                          f"{stat.st_mtime_ns}\0".encode())
+            entries += 1
+            if entries >= MAX_FINGERPRINT_ENTRIES:
+                return digest.hexdigest()
+    return digest.hexdigest()

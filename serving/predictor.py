@@ -1,23 +1,22 @@
-"""Checks a prediction request against the signature (names, shapes, batch size) and runs it.
+"""Checks a prediction request against the signature (names, shapes, batch size) and runs it on the scheduler.
 
-Both transports call this after turning their wire format into numpy arrays of the signature's dtypes.
+Both transports call this after turning their wire format into numpy arrays of the signature's dtypes, so their
+requests share one queue (and, with batching on, share batches).
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
+import grpc
 import numpy as np
-from tensorflow.core.protobuf import meta_graph_pb2
 
-from serving.errors import invalid_argument
+from serving.batching import BatchScheduler
+from serving.errors import ServingRequestError, invalid_argument
+from serving.limits import check_batch_size
 from serving.servable import ServableVersion, Signature
-
-
-def shape_of(info: meta_graph_pb2.TensorInfo) -> list[int] | None:
-    """The signature's shape for a tensor, -1 for unknown dimensions, None for unknown rank."""
-    if info.tensor_shape.unknown_rank:
-        return None
-    return [d.size for d in info.tensor_shape.dim]
 
 
 def check_inputs(
@@ -38,12 +37,13 @@ def check_inputs(
             f"Send extra: {{}}. Missing but required: {{{','.join(missing)}}}."
         )
     batch_sizes = {}
+    patterns = signature.input_shape_patterns
     for name, value in inputs.items():
-        expected_shape = shape_of(signature.inputs[name])
-        if expected_shape is not None and not _shape_compatible(value.shape, expected_shape):
+        pattern = patterns[name]
+        if pattern is not None and not _shape_matches(value.shape, *pattern):
             raise invalid_argument(
-                f"Input {name} has shape {list(value.shape)} but the signature expects {expected_shape} "
-                "(-1 means any size)."
+                f"Input {name} has shape {list(value.shape)} but the signature expects "
+                f"{signature.input_dims[name]} (-1 means any size)."
             )
         if value.ndim >= 1:
             batch_sizes[name] = value.shape[0]
@@ -51,37 +51,70 @@ def check_inputs(
         raise invalid_argument(
             f"Input tensors must have the same 0th-dimension (batch) size; got {dict(sorted(batch_sizes.items()))}."
         )
-    batch = next(iter(batch_sizes.values()), 0)
-    if batch > max_batch_size:
-        raise invalid_argument(
-            f"Batch size {batch} is larger than the maximum batch size {max_batch_size}; "
-            "split the request into smaller ones."
-        )
+    check_batch_size(next(iter(batch_sizes.values()), 0), max_batch_size)
 
 
-def run_prediction(
-    servable: ServableVersion,
-    signature_name: str,
-    inputs: Mapping[str, np.ndarray],
-    max_batch_size: int,
-    output_filter: Sequence[str] = (),
-) -> tuple[Signature, dict[str, np.ndarray]]:
-    """Validates and runs one request; returns the signature used and its (optionally filtered) outputs."""
-    signature = servable.signature(signature_name)
-    check_inputs(servable, signature, inputs, max_batch_size)
+def check_output_filter(signature: Signature, output_filter: Sequence[str]) -> None:
     for name in output_filter:
         if name not in signature.outputs:
             raise invalid_argument(
                 f"output tensor alias not found in signature: {name} "
                 f"Outputs expected to be in the set {{{','.join(sorted(signature.outputs))}}}."
             )
-    outputs = signature.run(inputs)
-    if output_filter:
-        outputs = {name: outputs[name] for name in output_filter}
-    return signature, outputs
 
 
-def _shape_compatible(actual: tuple[int, ...], expected: list[int]) -> bool:
-    if len(actual) != len(expected):
-        return False
-    return all(e < 0 or a == e for a, e in zip(actual, expected, strict=True))
+class Predictor:
+    """Validates a request and runs it on the shared scheduler; awaited by both transports' handlers."""
+
+    def __init__(self, scheduler: BatchScheduler, max_batch_size: int) -> None:
+        self.scheduler = scheduler
+        self.max_batch_size = max_batch_size
+
+    def submit(
+        self, servable: ServableVersion, signature_name: str, inputs: Mapping[str, np.ndarray], transport: str,
+        output_filter: Sequence[str],
+    ) -> tuple[Signature, Future]:
+        signature = servable.signature(signature_name)
+        check_inputs(servable, signature, inputs, self.max_batch_size)
+        check_output_filter(signature, output_filter)
+        return signature, self.scheduler.submit(servable, signature, inputs, transport)
+
+    async def predict(
+        self,
+        servable: ServableVersion,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        transport: str,
+        output_filter: Sequence[str] = (),
+    ) -> tuple[Signature, dict[str, np.ndarray]]:
+        """The signature used and its (optionally filtered) outputs; for the event loop."""
+        signature, future = self.submit(servable, signature_name, inputs, transport, output_filter)
+        return signature, _filtered(await asyncio.wrap_future(future), output_filter)
+
+    def predict_blocking(
+        self,
+        servable: ServableVersion,
+        signature_name: str,
+        inputs: Mapping[str, np.ndarray],
+        transport: str,
+        output_filter: Sequence[str] = (),
+        timeout_s: float | None = None,
+    ) -> tuple[Signature, dict[str, np.ndarray]]:
+        """The same, waiting on the calling thread (gRPC's handlers); a request given up on leaves the queue."""
+        signature, future = self.submit(servable, signature_name, inputs, transport, output_filter)
+        try:
+            outputs = future.result(timeout=timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise ServingRequestError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "The request's deadline passed before the model answered."
+            ) from None
+        return signature, _filtered(outputs, output_filter)
+
+
+def _filtered(outputs: dict[str, np.ndarray], output_filter: Sequence[str]) -> dict[str, np.ndarray]:
+    return {name: outputs[name] for name in output_filter} if output_filter else outputs
+
+
+def _shape_matches(actual: tuple[int, ...], rank: int, fixed: tuple[tuple[int, int], ...]) -> bool:
+    return len(actual) == rank and all(actual[axis] == size for axis, size in fixed)

@@ -1,6 +1,7 @@
 """One loaded model version: its SavedModel signatures, ready to call from many threads at once."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from serving.errors import invalid_argument
+from serving.limits import max_input_elements, signature_dims
 
 DEFAULT_SIGNATURE = "serving_default"
 # SignatureDefs that describe graph initialisation, not something a client can call.
@@ -29,11 +31,32 @@ class Signature:
     outputs: Mapping[str, meta_graph_pb2.TensorInfo]
     function: Any
 
+    @functools.cached_property
+    def input_dtypes(self) -> dict[str, tf.DType]:
+        return {name: tf.dtypes.as_dtype(info.dtype) for name, info in self.inputs.items()}
+
+    @functools.cached_property
+    def input_dims(self) -> dict[str, list[int] | None]:
+        """Each input's declared shape (-1: any size; None: unknown rank), read from the protos once."""
+        return {name: signature_dims(info) for name, info in self.inputs.items()}
+
+    @functools.cached_property
+    def input_shape_patterns(self) -> dict[str, tuple[int, tuple[tuple[int, int], ...]] | None]:
+        """Each input's (rank, (axis, size) of its fixed dimensions); None for unknown rank."""
+        return {name: None if dims is None else (len(dims), tuple((a, d) for a, d in enumerate(dims) if d >= 0))
+                for name, dims in self.input_dims.items()}
+
+    def max_input_elements(self, max_batch_size: int) -> dict[str, int]:
+        """The most elements each input can hold in a full batch (see serving.limits.max_input_elements)."""
+        cache = self.__dict__.setdefault("_max_elements", {})
+        if max_batch_size not in cache:
+            cache[max_batch_size] = {name: max_input_elements(info, max_batch_size)
+                                     for name, info in self.inputs.items()}
+        return cache[max_batch_size]
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = {
-            name: tf.constant(value, dtype=tf.dtypes.as_dtype(self.inputs[name].dtype))
-            for name, value in inputs.items()
-        }
+        dtypes = self.input_dtypes
+        tensors = {name: tf.constant(value, dtype=dtypes[name]) for name, value in inputs.items()}
         try:
             outputs = self.function(**tensors)
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:

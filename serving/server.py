@@ -1,18 +1,37 @@
-"""The local TF-Serving-compatible model server: model manager, config poller, REST and gRPC front ends."""
+"""The local TF-Serving-compatible model server: model manager, config poller, REST and gRPC front ends.
+
+REST runs on uvicorn in an event loop on one thread, gRPC on its thread pool; both hand model calls to one batch
+scheduler, where requests from both transports share a queue (and, with batching on, share batches) and are
+taken in turn, so neither transport can push the other's requests to the back.
+"""
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import uvloop
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_MAX_BATCH_SIZE, DEFAULT_REST_PORT
+from serving import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_LOAD_RETRY_INTERVAL_S,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_NUM_LOAD_RETRIES,
+    DEFAULT_REST_PORT,
+    ServingLimits,
+)
+from serving.batching import BatchingParameters, BatchScheduler, scheduler_for
 from serving.grpc_api import GrpcServer
+from serving.limits import AdmissionControl
 from serving.model_manager import ConfigError, ModelManager, single_model_config
 from serving.model_repository import RepositoryError, parse_model_server_config
-from serving.rest_api import RestServer
+from serving.predictor import Predictor
+from serving.rest_api import RestApi, RestApp, RestServer, bind_socket
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +40,10 @@ class ModelServer:
     """Serves the models of a ModelServerConfig (given, or read from `config_path`) over REST and gRPC.
 
     A port of 0 binds a free port (read `rest_port` / `grpc_port` after `start`); None disables that API.
-    With `poll_seconds` > 0 the config file and the model folders are re-read on that interval.
+    With `poll_seconds` > 0 the config file and the model folders are re-read on that interval (and failed loads
+    retried, see ModelManager). `batching` turns on server-side batching with TF Serving's parameters; without it
+    each request runs alone, one per CPU core at a time. gRPC calls are handled on `grpc_workers` threads. `limits`
+    bounds each request and the load in flight.
     """
 
     def __init__(
@@ -35,6 +57,10 @@ class ModelServer:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         grpc_workers: int = 8,
         manager: ModelManager | None = None,
+        batching: BatchingParameters | None = None,
+        limits: ServingLimits | None = None,
+        max_num_load_retries: int = DEFAULT_MAX_NUM_LOAD_RETRIES,
+        load_retry_interval_s: float = DEFAULT_LOAD_RETRY_INTERVAL_S,
     ) -> None:
         if (config is None) == (config_path is None):
             raise ValueError("Give exactly one of config (a ModelServerConfig) or config_path (a models.config file).")
@@ -43,15 +69,25 @@ class ModelServer:
         self.config_path = Path(config_path) if config_path else None
         self._initial_config = config
         self.host = host
-        self.manager = manager or ModelManager()
+        self.manager = manager or ModelManager(
+            max_num_load_retries=max_num_load_retries, load_retry_interval_s=load_retry_interval_s
+        )
         self.poll_seconds = poll_seconds
-        self.max_batch_size = max_batch_size
+        # With batching, TF Serving refuses a request larger than a batch; --max-batch-size still applies too.
+        self.max_batch_size = min(max_batch_size, batching.max_batch_size) if batching else max_batch_size
         self.grpc_workers = grpc_workers
+        self.batching = batching
+        self.limits = limits or ServingLimits()
+        self.admission = AdmissionControl(self.limits.max_in_flight_requests, self.limits.max_in_flight_bytes)
+        self.scheduler: BatchScheduler | None = None
         self._requested_ports = (rest_port, grpc_port)
         self.rest_port: int | None = None
         self.grpc_port: int | None = None
         self._rest: RestServer | None = None
         self._grpc: GrpcServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self._last_config_text: str | None = None
         self._config_file_problems: list[str] = []  # why the current file text is not in force (empty: it is)
         # Read, compare and apply as one step: a poll and a reload() must not apply an older text after a newer one.
@@ -78,16 +114,8 @@ class ModelServer:
             problems = self.manager.apply_config(self._initial_config)
         else:
             problems = self._reload_config_file(force=True)
-        rest_port, grpc_port = self._requested_ports
         try:
-            if rest_port is not None:
-                self._rest = RestServer(self.manager, self.host, rest_port, self.max_batch_size)
-                self.rest_port = self._rest.port
-                self._rest.start()
-            if grpc_port is not None:
-                self._grpc = GrpcServer(self.manager, self.host, grpc_port, self.max_batch_size, self.grpc_workers)
-                self.grpc_port = self._grpc.port
-                self._grpc.start()
+            self._start_front_ends()
         except BaseException:
             self.stop()
             raise
@@ -96,6 +124,37 @@ class ModelServer:
             self._poller.start()
         return problems
 
+    def _start_front_ends(self) -> None:
+        self.scheduler = scheduler_for(self.batching, self.max_batch_size)
+        predictor = Predictor(self.scheduler, self.max_batch_size)
+        # Large REST requests are parsed here rather than on the event loop.
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="request-parser")
+        rest_port, grpc_port = self._requested_ports
+        rest_socket = bind_socket(self.host, rest_port) if rest_port is not None else None
+
+        async def start_rest() -> None:
+            api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
+            self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
+            self.rest_port = self._rest.port
+            await self._rest.start()
+
+        try:
+            if rest_socket is not None:
+                self._loop = uvloop.new_event_loop()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="serving-event-loop",
+                                                     daemon=True)
+                self._loop_thread.start()
+                asyncio.run_coroutine_threadsafe(start_rest(), self._loop).result(timeout=60)
+            if grpc_port is not None:
+                self._grpc = GrpcServer(self.manager, predictor, self.admission, self.limits, self.host, grpc_port,
+                                        self.grpc_workers)
+                self.grpc_port = self._grpc.port
+                self._grpc.start()
+        except BaseException:
+            if rest_socket is not None and self._rest is None:
+                rest_socket.close()
+            raise
+
     def stop(self) -> None:
         self._stop.set()
         if self._poller is not None:
@@ -103,9 +162,25 @@ class ModelServer:
         if self._grpc is not None:
             self._grpc.stop()
             self._grpc = None
-        if self._rest is not None:
-            self._rest.stop()
-            self._rest = None
+        if self._loop is not None:
+            async def stop_rest() -> None:
+                if self._rest is not None:
+                    await self._rest.stop()
+
+            try:
+                asyncio.run_coroutine_threadsafe(stop_rest(), self._loop).result(timeout=30)
+            finally:
+                self._rest = None
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop_thread.join(timeout=10)
+                self._loop.close()
+                self._loop = None
+        if self.scheduler is not None:
+            self.scheduler.stop()
+            self.scheduler = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
         self.manager.unload_all()
 
     def reload(self) -> list[str]:

@@ -78,14 +78,19 @@ def repository(tmp_path, tiny_exports) -> ModelRepository:
     return repo
 
 
+def start_server(repository: ModelRepository, **options) -> ModelServer:
+    """A started server on free loopback ports over `repository`, polling its config every 0.1 s."""
+    defaults = dict(rest_port=0, grpc_port=0, poll_seconds=0.1, max_batch_size=8, grpc_workers=4,
+                    max_num_load_retries=2, load_retry_interval_s=0.05)
+    model_server = ModelServer(config_path=repository.config_path, **{**defaults, **options})
+    model_server.start()
+    return model_server
+
+
 @pytest.fixture
 def server(repository) -> ModelServer:
-    """A running server on free loopback ports over `repository`, polling its config every 0.1 s."""
-    model_server = ModelServer(
-        config_path=repository.config_path, rest_port=0, grpc_port=0, poll_seconds=0.1, max_batch_size=8,
-        grpc_workers=4,
-    )
-    model_server.start()
+    """A running server over `repository` (batches of at most 8 rows; a failed load is retried twice)."""
+    model_server = start_server(repository)
     try:
         yield model_server
     finally:

@@ -57,6 +57,23 @@ def test_serve_refuses_incomplete_arguments(tmp_path, capsys):
     assert "is invalid" in capsys.readouterr().err
 
 
+def test_serve_refuses_unusable_batching_and_limit_flags(repository, tmp_path, capsys):
+    config = ["serve", "--model-config", str(repository.config_path), "--rest-port", "0", "--grpc-port", "0"]
+    parameters = tmp_path / "batching.txt"
+    parameters.write_text("max_batch_size { value: 64 }")
+    assert mlops(*config, "--batching_parameters_file", str(parameters)) == 2
+    assert "applies only with --enable_batching" in capsys.readouterr().err
+    parameters.write_text("max_batch_size: 64")
+    assert mlops(*config, "--enable_batching", "--batching_parameters_file", str(parameters)) == 2
+    assert "not a valid text-format BatchingParameters" in capsys.readouterr().err
+    assert mlops(*config, "--enable-batching", "--batching-parameters-file", str(tmp_path / "nope.txt")) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert mlops(*config, "--max_num_load_retries", "-1") == 2
+    assert "must not be negative" in capsys.readouterr().err
+    assert mlops(*config, "--max-in-flight-requests", "0") == 2
+    assert "--max-in-flight-requests must be at least 1" in capsys.readouterr().err
+
+
 def test_predict_csv_with_more_fields_than_the_header_is_a_usage_error(server, tmp_path, capsys):
     csv_file = tmp_path / "rows.csv"
     csv_file.write_text("fare,trip_start_hour,payment_type\n2.5,7,Cash\n2.5,7,Cash,extra\n")
@@ -101,7 +118,9 @@ def test_mlops_serve_runs_until_sigterm(repository, tmp_path):
     with stderr_path.open("w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "serve", "--model-config", str(repository.config_path),
-             "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0.2"],
+             "--rest-port", "0", "--grpc-port", "0", "--poll-seconds", "0.2", "--enable_batching",
+             "--batching_parameters_file", str(REPO_ROOT / "k8s" / "serving" / "base" / "batching_parameters.txt"),
+             "--max_num_load_retries", "1", "--load_retry_interval_micros", "200000"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
         )
     try:
@@ -111,6 +130,8 @@ def test_mlops_serve_runs_until_sigterm(repository, tmp_path):
             rest_url = line.split()[3]
             status, body = http_json("GET", f"{rest_url}/v1/models/{MODEL}/labels/canary")
             assert status == 200 and body["model_version_status"][0]["version"] == "2"
+            status, body = http_json("POST", f"{rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})
+            assert status == 200 and body["predictions"] == pytest.approx([expected_probability(ROW, 2)])
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) == 0
             assert "server stopped" in _readline(process.stdout, 10)

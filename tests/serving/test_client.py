@@ -162,11 +162,12 @@ def test_rest_retries_only_when_unavailable(stub_rest):
             client.status(MODEL)
     assert down.requests == 3
 
-    refusing = stub_rest([(400, {"error": "bad request"})])
-    with RestClient(f"http://127.0.0.1:{refusing.server_address[1]}", retries=3, backoff_s=0.01) as client:
-        with pytest.raises(InvalidInputError, match="bad request"):
-            client.status(MODEL)
-    assert refusing.requests == 1
+    for status in (400, 413, 431):  # a bad request, a body or headers over the server's limits: never retried
+        refusing = stub_rest([(status, {"error": "bad request"})])
+        with RestClient(f"http://127.0.0.1:{refusing.server_address[1]}", retries=3, backoff_s=0.01) as client:
+            with pytest.raises(InvalidInputError, match="bad request"):
+                client.status(MODEL)
+        assert refusing.requests == 1
 
 
 def test_rest_timeout(stub_rest):

@@ -1,6 +1,8 @@
 """The gRPC API through the official tensorflow-serving-api stubs: PredictionService and ModelService."""
 from __future__ import annotations
 
+import threading
+
 import grpc
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from tensorflow_serving.apis import (
 )
 
 from serving.model_repository import read_model_server_config
-from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability
+from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, wait_for
 
 
 @pytest.fixture
@@ -239,13 +241,25 @@ def test_an_empty_reload_config_request_changes_nothing(stubs, server):
     assert prediction.Predict(predict_request([ROW], label="stable"), timeout=10).model_spec.version.value == 1
 
 
-def test_stopping_the_grpc_server_shuts_down_its_thread_pool():
-    from serving.grpc_api import GrpcServer
-    from serving.model_manager import ModelManager
+def test_a_batch_at_the_limit_is_accepted_and_one_more_row_refused(stubs):
+    prediction, _ = stubs
+    response = prediction.Predict(predict_request([ROW] * 8), timeout=10)
+    assert tf.make_ndarray(response.outputs["probabilities"]).shape == (8,)
+    with pytest.raises(grpc.RpcError) as error:
+        prediction.Predict(predict_request([ROW] * 9), timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Batch size 9 is larger than the maximum batch size 8" in error.value.details()
 
-    grpc_server = GrpcServer(ModelManager(), "127.0.0.1", 0, max_batch_size=8, workers=2)
-    grpc_server.start()
-    executor = grpc_server._executor
-    grpc_server.stop(grace_s=0.1)
-    with pytest.raises(RuntimeError, match="shutdown"):
-        executor.submit(print)
+
+def test_stopping_the_server_ends_its_threads(repository):
+    from tests.serving.conftest import start_server
+
+    before = set(threading.enumerate())
+    server = start_server(repository)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        prediction = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert prediction.Predict(predict_request([ROW]), timeout=10).model_spec.version.value == 2
+    server.stop()
+    wait_for(lambda: not [t for t in set(threading.enumerate()) - before
+                          if t.name.startswith(("batch-thread", "serving-event-loop", "model-config-poller"))],
+             what="the server's threads to end")

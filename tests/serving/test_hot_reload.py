@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 import time
 from types import SimpleNamespace
 
 from serving.client import GrpcClient, RestClient
-from serving.model_manager import ModelManager, single_model_config
+from serving.errors import ServingRequestError
+from serving.model_manager import FailedLoad, ModelManager, load_retry_due, single_model_config
 from serving.model_repository import ModelRepository, write_model_server_config
+from serving.servable import ServableLoadError
 from serving.server import ModelServer
 from tests.serving.conftest import MODEL, ROW, copy_export, http_json, version_answering, wait_for
 
@@ -233,3 +237,85 @@ def test_single_model_mode_follows_the_latest_version_folder(tmp_path, tiny_expo
             assert version_answering(client.predict(ROW, MODEL)[0]) == 2
     finally:
         server.stop()
+
+
+def test_a_version_still_being_copied_is_served_once_its_files_are_complete(repository, server, tiny_exports):
+    # The copy is not staged: the folder, saved_model.pb and variables/ appear first, the variables' data is
+    # written into them afterwards, and none of those three changes its mtime when that happens.
+    target = repository.model_dir(MODEL) / "4"
+    shutil.copytree(tiny_exports[3], target)
+    data_files = sorted((target / "variables").glob("variables.data-*"))
+    complete = {path: path.read_bytes() for path in data_files}
+    for path in data_files:
+        path.write_bytes(b"")
+    watched = [target, target / "saved_model.pb", target / "variables"]
+    stamps = {path: path.stat().st_mtime_ns for path in watched}
+    repository.serve(MODEL, [1, 2, 4], {"stable": 1, "canary": 2})
+
+    def given_up() -> bool:
+        try:
+            return server.manager.model_status(MODEL, 4)[0].state == "END"
+        except ServingRequestError:  # no status yet
+            return False
+
+    wait_for(given_up, what="the incomplete version to fail all its retries")
+    assert server.manager.available_versions(MODEL) == [1, 2]
+
+    for path, data in complete.items():
+        path.write_bytes(data)
+    for path, stamp in stamps.items():
+        os.utime(path, ns=(stamp, stamp))
+    wait_for(lambda: 4 in server.manager.available_versions(MODEL), what="version 4 once its files are complete")
+    with GrpcClient(server.grpc_target) as client:
+        assert version_answering(client.predict(ROW, MODEL, version=4)[0]) == 3
+
+
+def test_failed_loads_are_retried_a_bounded_number_of_times_at_the_interval(tmp_path):
+    (tmp_path / MODEL / "1").mkdir(parents=True)
+    attempts: list[float] = []
+    now = [100.0]
+
+    def failing_loader(name, version, path):
+        attempts.append(now[0])
+        raise ServableLoadError("DATA_LOSS", "corrupt")
+
+    manager = ModelManager(loader=failing_loader, max_num_load_retries=2, load_retry_interval_s=10.0,
+                           clock=lambda: now[0])
+    manager.apply_config(single_model_config(MODEL, str(tmp_path / MODEL)))
+    state = manager.model_status(MODEL, 1)[0]
+    assert (state.state, state.error_code) == ("LOADING", "OK") and "retry 1 of 2 in 10 s" in state.error_message
+    now[0] = 109.9
+    manager.refresh()
+    assert attempts == [100.0]  # not yet due
+    for at in (110.0, 125.0, 200.0, 300.0):
+        now[0] = at
+        manager.refresh()
+    assert attempts == [100.0, 110.0, 125.0]  # the first try and two retries, then it gives up
+    state = manager.model_status(MODEL, 1)[0]
+    assert (state.state, state.error_code, state.error_message) == ("END", "DATA_LOSS", "corrupt")
+
+    # A change inside the folder (e.g. the rest of a copy, or a fix) starts over.
+    (tmp_path / MODEL / "1" / "saved_model.pb").write_bytes(b"new")
+    manager.refresh()
+    assert attempts[-1] == 300.0 and manager.model_status(MODEL, 1)[0].state == "LOADING"
+
+
+def test_load_retry_is_due_only_with_retries_left_and_the_interval_passed():
+    failed = FailedLoad(fingerprint="f", retries=1, next_retry_at=50.0, code="UNKNOWN", reason="x")
+    assert load_retry_due(failed, max_num_load_retries=2, now=50.0)
+    assert not load_retry_due(failed, max_num_load_retries=2, now=49.9)
+    assert not load_retry_due(failed, max_num_load_retries=1, now=60.0)
+
+
+def test_a_version_folder_with_other_formats_and_a_manifest_beside_the_saved_model_serves(repository, server,
+                                                                                          tiny_exports):
+    target = repository.model_dir(MODEL) / "6"
+    shutil.copytree(tiny_exports[3], target)
+    (target / "manifest.json").write_text('{"files": {}}')
+    for folder, name in (("tflite", "model.tflite"), ("onnx", "model.onnx"), ("tfjs", "model.json")):
+        (target / folder).mkdir()
+        (target / folder / name).write_bytes(b"not a SavedModel")
+    repository.serve(MODEL, [1, 2, 6], {"stable": 1, "canary": 6})
+    wait_for(lambda: server.manager.labels(MODEL).get("canary") == 6, what="version 6 to serve")
+    with RestClient(server.rest_url) as client:
+        assert version_answering(client.predict(ROW, MODEL, label="canary")[0]) == 3

@@ -1,0 +1,243 @@
+"""Each limit on a request's cost, as a plain function, just inside and just outside its threshold."""
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import tensor_shape_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow_serving.apis import predict_pb2
+
+from serving.errors import ServingRequestError
+from serving.limits import (
+    MAX_ELEMENTS_PER_EXAMPLE,
+    MAX_UNKNOWN_RANK,
+    AdmissionControl,
+    check_batch_size,
+    check_float_range,
+    check_json_cost,
+    check_request_bytes,
+    check_tensor_proto,
+    check_tensor_value_count,
+    check_wire_value_counts,
+    count_json_items,
+    json_nesting_depth,
+    json_skeleton,
+    max_input_elements,
+    max_json_depth,
+    max_json_items,
+    predict_request_input_counts,
+)
+
+
+def info(dims: list[int] | None, dtype=types_pb2.DT_FLOAT) -> meta_graph_pb2.TensorInfo:
+    shape = tensor_shape_pb2.TensorShapeProto(unknown_rank=dims is None)
+    for size in dims or []:
+        shape.dim.add().size = size
+    return meta_graph_pb2.TensorInfo(dtype=dtype, tensor_shape=shape)
+
+
+def refused(call, code=grpc.StatusCode.INVALID_ARGUMENT) -> str:
+    with pytest.raises(ServingRequestError) as error:
+        call()
+    assert error.value.code == code
+    return error.value.message
+
+
+def test_request_bytes_at_the_limit_pass_and_one_more_is_refused():
+    check_request_bytes(100, 100)
+    assert "101 bytes is over the limit of 100" in refused(lambda: check_request_bytes(101, 100))
+
+
+def test_batch_size_at_the_limit_passes_and_one_more_is_refused():
+    check_batch_size(8, 8)
+    assert "Batch size 9 is larger than the maximum batch size 8" in refused(lambda: check_batch_size(9, 8))
+
+
+@pytest.mark.parametrize("dims,expected", [
+    ([-1], 8), ([-1, 3], 24), ([-1, 2, 5], 80), ([], 1), ([-1, -1], 8 * MAX_ELEMENTS_PER_EXAMPLE),
+    (None, 8 * MAX_ELEMENTS_PER_EXAMPLE),
+])
+def test_max_input_elements_is_a_full_batch_of_the_signature_shape(dims, expected):
+    assert max_input_elements(info(dims), 8) == expected
+
+
+def test_json_skeleton_empties_strings_however_they_are_escaped():
+    body = json.dumps({"s": ['a,b[c]{d}', 'quote " and \\ backslash, [', "\\\\"], "n": [1, 2]}).encode()
+    skeleton = json_skeleton(body)
+    assert skeleton == b'{"": ["", "", ""], "": [1, 2]}'
+    assert count_json_items(skeleton) == 4 + 3 + 1  # commas + containers + 1
+    assert json_nesting_depth(skeleton) == 2
+
+
+@pytest.mark.parametrize("depth", [1, 5, 300])
+def test_json_nesting_depth_small_and_large(depth):
+    body = b"[" * depth + b"1" + b"]" * depth
+    assert json_nesting_depth(json_skeleton(body)) == depth
+    assert json_nesting_depth(json_skeleton(b'{"a": ' + body + b', "b": []}')) == depth + 1
+
+
+def test_json_items_at_the_limit_pass_and_one_more_is_refused():
+    body = json.dumps({"inputs": {"x": list(range(9))}}).encode()  # 8 commas + 3 containers + 1 = 12
+    check_json_cost(body, max_items=12, max_depth=10)
+    message = refused(lambda: check_json_cost(json.dumps({"inputs": {"x": list(range(10))}}).encode(), 12, 10))
+    assert "holds about 13 JSON values, more than the 12" in message
+
+
+def test_json_depth_at_the_limit_passes_and_one_more_is_refused():
+    at_limit = b'{"inputs": {"x": [[1]]}}'  # depth 4
+    check_json_cost(at_limit, max_items=100, max_depth=4)
+    message = refused(lambda: check_json_cost(b'{"inputs": {"x": [[[1]]]}}', max_items=100, max_depth=4))
+    assert "nests JSON 5 levels deep, more than the 4" in message
+
+
+def test_json_limits_admit_every_valid_format_of_a_full_batch():
+    inputs = {"a": info([-1]), "b": info([-1, 2]), "s": info([-1], types_pb2.DT_STRING)}
+    batch = 4
+    rows = [{"a": 1.0, "b": [1.0, 2.0], "s": {"b64": "YQ=="}} for _ in range(batch)]
+    columns = {"a": [1.0] * batch, "b": [[1.0, 2.0]] * batch, "s": [{"b64": "YQ=="}] * batch}
+    for document in ({"signature_name": "x", "instances": rows}, {"signature_name": "x", "inputs": columns}):
+        check_json_cost(json.dumps(document).encode(), max_json_items(inputs, batch), max_json_depth(inputs))
+    assert max_json_depth({"u": info(None)}) == MAX_UNKNOWN_RANK + 3
+
+
+def test_float_range_of_float32():
+    largest = float(np.finfo(np.float32).max)
+    check_float_range(np.array([largest, -largest, np.inf, -np.inf, np.nan]), np.float32, "float")
+    with pytest.raises(ValueError, match="out of range for float"):
+        check_float_range(np.array([1.0, np.nextafter(largest, np.inf)]), np.float32, "float")
+    with pytest.raises(ValueError, match="out of range for float"):
+        check_float_range(np.array([-1e39]), np.float32, "float")
+    check_float_range(np.array([1e300]), np.float64, "double")  # a double holds it
+
+
+def string_tensor(values: list[bytes], dims: list[int]):
+    tensor = tf.make_tensor_proto(values, dtype=tf.string)
+    del tensor.tensor_shape.dim[:]
+    for size in dims:
+        tensor.tensor_shape.dim.add().size = size
+    return tensor
+
+
+def test_tensor_values_at_the_declared_count_pass_and_one_more_is_refused():
+    check_tensor_value_count("s", string_tensor([b"a"] * 3, [3]), 3)
+    check_tensor_value_count("s", string_tensor([b"a"], [3]), 3)  # fewer: TF pads with the last value
+    message = refused(lambda: check_tensor_value_count("s", string_tensor([b"a"] * 4, [3]), 3))
+    assert "declares shape [3] (3 elements) but carries 4 values" in message
+
+
+def test_tensor_content_must_match_the_declared_shape():
+    tensor = tf.make_tensor_proto(np.zeros(4, np.float32))
+    assert tensor.tensor_content
+    check_tensor_value_count("x", tensor, 4)
+    assert "holds 16 bytes, not 12" in refused(lambda: check_tensor_value_count("x", tensor, 3))
+
+
+def test_tensor_proto_declared_shape_against_the_signature():
+    tensor = string_tensor([b"a"] * 8, [8])
+    check_tensor_proto("s", tensor, [8], max_elements=8, max_batch_size=8)
+    assert "Batch size 9" in refused(lambda: check_tensor_proto("s", tensor, [9], 9, 8))
+    assert "(16 elements), more than the 8" in refused(lambda: check_tensor_proto("s", tensor, [1, 16], 8, 8))
+    assert "negative dimension" in refused(lambda: check_tensor_proto("s", tensor, [-1], 8, 8))
+
+
+def serialized_request(**tensors) -> bytes:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "m"
+    for name, tensor in tensors.items():
+        request.inputs[name].CopyFrom(tensor)
+    return request.SerializeToString()
+
+
+def test_wire_value_counts_match_the_parsed_message_for_every_encoding():
+    data = serialized_request(
+        s=string_tensor([b"ab"] * 5, [5]),
+        f=tf.make_tensor_proto([1.5] * 7, dtype=tf.float32),  # packed float_val... or tensor_content
+        i=tf.make_tensor_proto(np.arange(6, dtype=np.int64)),
+        big=tf.make_tensor_proto(np.arange(300, dtype=np.int64) * 1000),
+    )
+    counts = predict_request_input_counts(data, {"s": 100, "f": 100, "i": 100, "big": 1000})
+    assert counts == {"s": 5, "f": 7, "i": 6, "big": 300}
+    packed = predict_pb2.PredictRequest()
+    packed.inputs["v"].dtype = types_pb2.DT_INT64
+    packed.inputs["v"].int64_val.extend([1, 300, 70000, 2**40])  # varints of 1, 2, 3 and 6 bytes
+    packed.inputs["w"].dtype = types_pb2.DT_FLOAT
+    packed.inputs["w"].float_val.extend([0.5] * 9)
+    assert predict_request_input_counts(packed.SerializeToString(), {"v": 10, "w": 10}) == {"v": 4, "w": 9}
+
+
+def test_wire_value_counts_at_the_limit_pass_and_one_more_is_refused():
+    check_wire_value_counts(serialized_request(s=string_tensor([b"x"] * 10, [1])), {"s": 10})
+    message = refused(lambda: check_wire_value_counts(serialized_request(s=string_tensor([b"x"] * 11, [1])), {"s": 10}))
+    assert "Input s carries more than 10 values" in message
+
+
+def test_wire_count_stops_reading_once_over_the_limit():
+    counts = predict_request_input_counts(serialized_request(s=string_tensor([b"x"] * 100_000, [1])), {"s": 10})
+    assert 10 < counts["s"] < 100
+
+
+def test_bytes_that_are_not_a_message_are_invalid_argument():
+    assert "not a valid protobuf message" in refused(lambda: check_wire_value_counts(b"\x12\xff\xff\xff\x7f", {}))
+
+
+def test_admission_bounds_requests_and_bytes_in_flight():
+    admission = AdmissionControl(max_requests=2, max_bytes=100)
+    admission.admit(40)
+    admission.admit(60)  # exactly at both limits
+    message = refused(lambda: admission.admit(1), grpc.StatusCode.UNAVAILABLE)
+    assert "2 requests in flight, the limit is 2" in message
+    admission.release(60)
+    message = refused(lambda: admission.admit(61), grpc.StatusCode.UNAVAILABLE)
+    assert "40 request bytes in flight and this request adds 61, over the limit of 100" in message
+    admission.admit(60)
+    admission.release(40)
+    admission.release(60)
+    assert (admission.requests, admission.bytes) == (0, 0)
+    admission.admit(500)  # alone, a request larger than the byte budget still runs (it passed the size limit)
+    admission.release(500)
+
+
+def test_admission_of_a_growing_chunked_body():
+    admission = AdmissionControl(max_requests=4, max_bytes=100)
+    admission.admit(50)
+    admission.admit(0)
+    admission.grow(50)
+    assert refused(lambda: admission.grow(1), grpc.StatusCode.UNAVAILABLE).startswith("Server is overloaded")
+
+
+JSON_BODIES = [
+    json.dumps({"s": ['a,b[c]{d}', 'quote " and \\ backslash, [', "\\\\", "]]]"], "n": [[1, 2], [3, [4]]]}).encode(),
+    b'{"instances": [' + b", ".join([b'{"a": "x,y", "b": [1.5, 2]}'] * 50) + b"]}",
+    b"[" * 40 + b'"}"' + b"]" * 40,
+]
+
+
+@pytest.mark.parametrize("body", JSON_BODIES)
+def test_large_bodies_are_sized_up_in_chunks_exactly_as_small_ones(monkeypatch, body):
+    from serving import limits
+
+    skeleton = json_skeleton(body)
+    expected = (count_json_items(skeleton), json_nesting_depth(skeleton))
+    assert limits.json_cost(body) == expected
+    monkeypatch.setattr(limits, "_SMALL_BODY", 0)
+    monkeypatch.setattr(limits, "_DEPTH_CHUNK", 7)  # strings and nesting cross chunk borders
+    assert limits.json_cost(body) == expected
+
+
+def test_sizing_up_a_body_of_millions_of_strings_needs_little_memory():
+    import tracemalloc
+
+    body = json.dumps({"inputs": {"s": ["ab"] * 4_000_000}}).encode()  # 24 MB
+    tracemalloc.start()
+    try:
+        from serving.limits import json_cost
+
+        assert json_cost(body) == (4_000_000 - 1 + 3 + 1, 3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(body) // 4, peak  # scratch for one chunk, whatever the number of strings

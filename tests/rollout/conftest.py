@@ -47,7 +47,9 @@ class ServeProcess:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "serving.cli", "serve", "--model-config", str(config_path), "--rest-port", "0",
-             "--grpc-port", "0", "--poll-seconds", "0.1"],
+             "--grpc-port", "0", "--poll-seconds", "0.1",
+             # A broken version is retried once, quickly, so its failure reaches the controller in a test's time.
+             "--max_num_load_retries", "1", "--load_retry_interval_micros", "200000"],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
         )

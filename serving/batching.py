@@ -5,8 +5,9 @@
 `BatchScheduler` queues prediction tasks from both transports per (model version, signature, inner shapes), and
 `num_batch_threads` threads each take a batch of up to `max_batch_size` rows once it is full or its oldest task
 has waited `batch_timeout_micros`; a queue holding `max_enqueued_batches` batches refuses more (UNAVAILABLE).
-Within a batch, tasks are taken from the transports in turn, so a flood on one transport cannot push the other's
-tasks to the back of the queue. With batching off the same scheduler runs each task on its own.
+Tasks are taken from the transports in turn, weighted by what a request of each costs the server
+(`TransportCosts`), so a flood on one transport cannot push the other's tasks to the back of the queue, and each
+gets a like share of the server's CPU. With batching off the same scheduler runs each task on its own.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,65 @@ def read_batching_parameters(path: str | Path) -> BatchingParameters:
     return parse_batching_parameters(path.read_text(), f"Batching parameters file {path}")
 
 
+class TransportCosts:
+    """What a request of each transport costs the server, by which the transports' turns are weighted.
+
+    A request costs its transport's front-end work (HTTP or gRPC, parsing and converting, the response: all on the
+    event loop thread) plus its share of a model call, the same for both. The front-end cost is the event loop's
+    CPU time per request over intervals in which only that transport was served (a mixed interval's CPU cannot be
+    told apart; the last estimates hold); the model cost is the batch threads' CPU time per request. Until both
+    front-end costs are known the transports count as equally costly, so they take strict turns. A weight is a
+    transport's cost relative to the cheaper one's, at most `max_ratio`, so no estimate can starve either.
+    """
+
+    def __init__(self, interval_s: float = 0.5, min_requests: int = 20, max_ratio: float = 4.0,
+                 cpu: Callable[[], float] = time.thread_time, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.min_requests = min_requests
+        self.max_ratio = max_ratio
+        self._cpu = cpu
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.front_end: dict[str, float | None] = dict.fromkeys(TRANSPORTS)  # event loop CPU s per request
+        self.model: float | None = None  # batch thread CPU s per request
+        self.weights: dict[str, float] = dict.fromkeys(TRANSPORTS, 1.0)
+        self._counts = dict.fromkeys(TRANSPORTS, 0)
+        self._window = (clock(), cpu())  # when the current interval started, and the CPU time then
+
+    def front_end_done(self, transport: str) -> None:
+        """Counts a request whose model call has answered; call it on the event loop thread (its CPU is measured)."""
+        if transport not in self._counts:
+            return
+        self._counts[transport] += 1
+        now = self._clock()
+        started, cpu_at_start = self._window
+        if now - started < self.interval_s:
+            return
+        cpu = self._cpu()
+        served = [t for t, count in self._counts.items() if count]
+        if len(served) == 1 and self._counts[served[0]] >= self.min_requests:
+            cost = (cpu - cpu_at_start) / self._counts[served[0]]
+            previous = self.front_end[served[0]]
+            self.front_end[served[0]] = cost if previous is None else 0.8 * previous + 0.2 * cost
+            self._update_weights()
+        self._counts = dict.fromkeys(TRANSPORTS, 0)
+        self._window = (now, cpu)
+
+    def model_ran(self, cpu_s: float, requests: int) -> None:
+        """Records a model call's CPU time on a batch thread, shared by the `requests` it answered."""
+        with self._lock:
+            cost = cpu_s / requests
+            self.model = cost if self.model is None else 0.95 * self.model + 0.05 * cost
+
+    def _update_weights(self) -> None:
+        if any(cost is None for cost in self.front_end.values()):
+            return
+        totals = {t: cost + (self.model or 0.0) for t, cost in self.front_end.items()}
+        cheapest = min(totals.values())
+        if cheapest > 0:
+            self.weights = {t: min(total / cheapest, self.max_ratio) for t, total in totals.items()}
+
+
 @dataclass
 class _Task:
     inputs: Mapping[str, np.ndarray]
@@ -146,7 +206,9 @@ class _Queue:
     by_transport: dict[str, deque] = field(default_factory=lambda: {t: deque() for t in TRANSPORTS})
     rows: int = 0
     tasks: int = 0
-    turn: int = 0  # which transport goes first in the next batch
+    turn: int = 0  # which transport goes first in the next batch on equal terms
+    # Each transport's weighted turns so far (the cost of the tasks taken): the least served goes next.
+    served: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRANSPORTS, 0.0))
 
     def oldest(self) -> float:
         return min(tasks[0].enqueued_at for tasks in self.by_transport.values() if tasks)
@@ -165,9 +227,11 @@ class BatchStats:
 class BatchScheduler:
     """Runs prediction tasks on `num_batch_threads` threads, merging concurrent tasks when `merge` is on."""
 
-    def __init__(self, parameters: BatchingParameters, merge: bool = True) -> None:
+    def __init__(self, parameters: BatchingParameters, merge: bool = True,
+                 costs: TransportCosts | None = None) -> None:
         self.parameters = parameters
         self.merge = merge
+        self.costs = costs or TransportCosts()
         self.timeout_s = parameters.batch_timeout_micros / 1e6 if merge else 0.0
         self.stats = BatchStats()
         self._queues: dict[tuple, _Queue] = {}
@@ -192,7 +256,7 @@ class BatchScheduler:
                 f"Task size {rows} is larger than maximum input batch size {self.parameters.max_batch_size}; "
                 "split the request into smaller ones."
             )
-        key = (id(servable), signature.name, tuple(sorted((n, v.shape[1:], v.dtype.str) for n, v in inputs.items())))
+        key = (id(servable), signature.name, tuple(sorted((n, v.shape[1:], v.dtype) for n, v in inputs.items())))
         if rows is None:
             key = (key, object())  # no batch dimension: a queue of its own
         task = _Task(inputs, rows or 0, transport if transport in TRANSPORTS else TRANSPORTS[0], Future(),
@@ -207,13 +271,23 @@ class BatchScheduler:
                     "The batch scheduling queue to which this task was submitted is full "
                     f"({self.parameters.max_enqueued_batches} batches); retry with backoff."
                 )
-            if queue is None:
+            new_queue = queue is None
+            if new_queue:
                 queue = self._queues[key] = _Queue(servable, signature)
-            queue.by_transport[task.transport].append(task)
+            pending = queue.by_transport[task.transport]
+            if not pending:
+                # A transport that had nothing waiting gets no credit for the turns it did not need.
+                busy = [queue.served[t] for t in TRANSPORTS if queue.by_transport[t]]
+                if busy:
+                    queue.served[task.transport] = max(queue.served[task.transport], min(busy))
+            pending.append(task)
             queue.rows += task.rows
             queue.tasks += 1
             self._enqueued += added
-            self._condition.notify()
+            # A waiting thread needs waking only if this task moves its deadline (a new queue) or makes a batch
+            # ready now; waking it for every task cost a context switch and a GIL hand-off per request.
+            if new_queue or not self.merge or queue.rows >= self.parameters.max_batch_size:
+                self._condition.notify()
         return task.future
 
     def stop(self) -> None:
@@ -260,23 +334,30 @@ class BatchScheduler:
         return None
 
     def _fill(self, queue: _Queue) -> list[_Task]:
-        """Up to max_batch_size rows, a task from each transport in turn; each transport's tasks stay in order."""
+        """Up to max_batch_size rows, each next task from the transport served least so far (by weighted turns;
+        on equal terms in turn); each transport's tasks stay in order."""
         order = TRANSPORTS[queue.turn:] + TRANSPORTS[:queue.turn]
         queue.turn = (queue.turn + 1) % len(TRANSPORTS)
+        weights = self.costs.weights
         tasks: list[_Task] = []
         rows = 0
         open_transports = [t for t in order if queue.by_transport[t]]
         while open_transports:
-            for transport in list(open_transports):
-                pending = queue.by_transport[transport]
-                if pending and (not tasks or (self.merge and rows + pending[0].rows <= self.parameters.max_batch_size)):
-                    task = pending.popleft()
-                    tasks.append(task)
-                    rows += task.rows
-                else:
+            transport = min(open_transports, key=lambda t: queue.served[t])  # ties: the first in `order`
+            pending = queue.by_transport[transport]
+            if not tasks or (self.merge and rows + pending[0].rows <= self.parameters.max_batch_size):
+                task = pending.popleft()
+                tasks.append(task)
+                rows += task.rows
+                queue.served[transport] += weights[transport]
+                if not pending:
                     open_transports.remove(transport)
+            else:
+                open_transports.remove(transport)
             if not self.merge:
                 break
+        least = min(queue.served.values())
+        queue.served = {t: served - least for t, served in queue.served.items()}
         queue.rows -= rows
         queue.tasks -= len(tasks)
         return tasks
@@ -301,7 +382,9 @@ class BatchScheduler:
                     self._condition.notify()  # another thread may take the next ready batch
             queue, tasks = taken
             self._record(tasks)
+            started = time.thread_time()
             self._run(queue.signature, tasks)
+            self.costs.model_ran(time.thread_time() - started, len(tasks))
 
     def _record(self, tasks: list[_Task]) -> None:
         stats = self.stats

@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--grpc-workers", type=int, default=8,
-        help="gRPC worker threads (default 8)",
+        help="threads for gRPC status, metadata and reload calls; Predict runs on the event loop (default 8)",
     )
     batching = serve.add_argument_group("server-side batching (TF Serving's flags and file format)")
     batching.add_argument(

@@ -1,12 +1,16 @@
 """TF Serving's gRPC services (PredictionService, ModelService) from tensorflow-serving-api's own stubs.
 
-gRPC's synchronous server (a thread pool; per call about half the cost of grpc.aio here) runs the handlers; their
-model calls go to the scheduler the REST API uses too. Predict takes the request's bytes rather than a parsed
-message: the message is admitted by size, and a large one has its value counts read from the wire
-(`serving.limits.check_wire_value_counts`) before the protobuf is parsed.
+The server is grpc.aio on the event loop that serves REST: Predict is a coroutine there, as REST's handler is, and
+its model call goes to the scheduler REST uses too. (grpcio's synchronous server answered each call on a pool
+thread that woke three to four times per call and contended for the GIL with the batch threads: a gRPC request
+cost about three times the CPU of a REST one, model calls included.) The other methods (metadata, status,
+reloads that load models) may block, so they run on a small thread pool. Predict takes the request's bytes rather
+than a parsed message: the message is admitted by size, and a large one has its value counts read from the wire
+(`serving.limits.check_wire_value_counts`) before the protobuf is parsed, off the event loop.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from concurrent import futures
@@ -57,20 +61,28 @@ def _spec_choice(spec: model_pb2.ModelSpec) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _abort(context, error: Exception, method: str):
+def _status_of(error: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(error, ServingRequestError):
-        context.abort(error.code, error.message)
+        return error.code, error.message
     logger.error("internal error in %s", method, exc_info=error)
-    context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {error}")
+    return grpc.StatusCode.INTERNAL, f"Internal error: {error}"
+
+
+def _abort(context, error: Exception, method: str):
+    """Ends a call on the thread pool (the methods other than Predict) with the error's status."""
+    context.abort(*_status_of(error, method))
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    """Predict (on raw bytes, see `predict_handler`), GetModelMetadata; the other methods are UNIMPLEMENTED."""
+    """Predict (a coroutine on raw bytes, see `predict_handler`), GetModelMetadata; the others are UNIMPLEMENTED."""
 
-    def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl) -> None:
+    def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
+                 parser: futures.Executor, inline_bytes: int) -> None:
         self.manager = manager
         self.predictor = predictor
         self.admission = admission
+        self.parser = parser
+        self.inline_bytes = inline_bytes
 
     def _resolve(self, spec: model_pb2.ModelSpec) -> ServableVersion:
         if not spec.name:
@@ -78,16 +90,21 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         version, label = _spec_choice(spec)
         return self.manager.resolve(spec.name, version, label)
 
-    def predict_bytes(self, data: bytes, context) -> bytes:
+    async def predict_bytes(self, data: bytes, context) -> bytes:
+        """Predict on the event loop. A call whose deadline passes or whose client goes away is cancelled here by
+        grpc.aio, and its task leaves the scheduler's queue with it."""
         try:  # gRPC itself refuses messages over max_request_bytes (RESOURCE_EXHAUSTED)
             self.admission.admit(len(data))
         except ServingRequestError as e:
-            _abort(context, e, "Predict")
+            await context.abort(*_status_of(e, "Predict"))
         try:
-            request, servable, arrays = self._prepare(data)
-            signature, outputs = self.predictor.predict_blocking(
-                servable, request.model_spec.signature_name, arrays, "grpc", list(request.output_filter),
-                timeout_s=context.time_remaining(),
+            if len(data) > self.inline_bytes:  # a large message is sized up and parsed off the event loop
+                prepared = await asyncio.get_running_loop().run_in_executor(self.parser, self._prepare, data)
+            else:
+                prepared = self._prepare(data)
+            request, servable, arrays = prepared
+            signature, outputs = await self.predictor.predict(
+                servable, request.model_spec.signature_name, arrays, "grpc", list(request.output_filter)
             )
             response = predict_pb2.PredictResponse()
             response.model_spec.name = servable.model_name
@@ -97,9 +114,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             return response.SerializeToString()
         except Exception as e:  # noqa: BLE001 - every error becomes a status; none takes the server down
-            _abort(context, e, "Predict")
+            status = _status_of(e, "Predict")
         finally:
             self.admission.release(len(data))
+        await context.abort(*status)
 
     def _prepare(self, data: bytes) -> tuple[predict_pb2.PredictRequest, ServableVersion, dict[str, np.ndarray]]:
         """Checks the message's cost, parses it and builds the input arrays."""
@@ -216,24 +234,27 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 
 
 class GrpcServer:
-    """PredictionService and ModelService on host:port (port 0 picks a free one), served by a thread pool."""
+    """PredictionService and ModelService on host:port (port 0 picks a free one), on grpc.aio.
+
+    Construct and start it on the event loop that is to run Predict; `workers` threads run the other methods.
+    """
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
-                 limits: ServingLimits, host: str, port: int, workers: int) -> None:
-        # grpc.server's stop() leaves the executor it was given running: stop() shuts it down.
+                 limits: ServingLimits, host: str, port: int, workers: int, parser: futures.Executor) -> None:
+        # The server's stop() leaves the executor it was given running: stop() shuts it down.
         self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
-        self._server = grpc.server(
-            self._executor,
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._executor,
             options=[
                 ("grpc.max_receive_message_length", limits.max_request_bytes),
                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
-            # Calls waiting for a worker thread are bounded too: past this, RESOURCE_EXHAUSTED at once (as TF
-            # Serving's own thread pool answers), before their messages are read.
+            # Calls in progress are bounded too: past this, RESOURCE_EXHAUSTED at once (as TF Serving's own
+            # exhausted thread pool answers), before their messages are read.
             maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
-        servicer = PredictionServicer(manager, predictor, admission)
+        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes)
         self._server.add_generic_rpc_handlers((servicer.predict_handler(),))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, self._server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager), self._server)
@@ -246,11 +267,11 @@ class GrpcServer:
             self._executor.shutdown(wait=False)
             raise OSError(f"Could not bind gRPC to {host}:{port}; is the port in use?")
 
-    def start(self) -> None:
-        self._server.start()
+    async def start(self) -> None:
+        await self._server.start()
 
-    def stop(self, grace_s: float = 1.0) -> None:
-        self._server.stop(grace_s).wait()
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self._server.stop(grace_s)
         self._executor.shutdown(wait=False)
 
 
@@ -262,7 +283,9 @@ def tensor_proto_to_array(tensor, declared: list[int]) -> np.ndarray:
         field, numpy_dtype = fast
         values = getattr(tensor, field)
         if len(values) == math.prod(declared):
-            return np.array(values, dtype=numpy_dtype).reshape(declared)
+            # From a list: numpy reads a protobuf repeated field value by value, three times slower.
+            array = np.array(list(values), dtype=numpy_dtype)
+            return array if len(declared) == 1 else array.reshape(declared)
     return tf.make_ndarray(tensor)
 
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 
-import grpc
 import numpy as np
 
 from serving.batching import BatchScheduler
-from serving.errors import ServingRequestError, invalid_argument
+from serving.errors import invalid_argument
 from serving.limits import check_batch_size
 from serving.servable import ServableVersion, Signature
 
@@ -87,28 +85,11 @@ class Predictor:
         transport: str,
         output_filter: Sequence[str] = (),
     ) -> tuple[Signature, dict[str, np.ndarray]]:
-        """The signature used and its (optionally filtered) outputs; for the event loop."""
+        """The signature used and its (optionally filtered) outputs, awaited on the event loop (both transports).
+        Cancelling the awaiting task (a gRPC deadline, a client gone) takes a task not yet started off the queue."""
         signature, future = self.submit(servable, signature_name, inputs, transport, output_filter)
-        return signature, _filtered(await asyncio.wrap_future(future), output_filter)
-
-    def predict_blocking(
-        self,
-        servable: ServableVersion,
-        signature_name: str,
-        inputs: Mapping[str, np.ndarray],
-        transport: str,
-        output_filter: Sequence[str] = (),
-        timeout_s: float | None = None,
-    ) -> tuple[Signature, dict[str, np.ndarray]]:
-        """The same, waiting on the calling thread (gRPC's handlers); a request given up on leaves the queue."""
-        signature, future = self.submit(servable, signature_name, inputs, transport, output_filter)
-        try:
-            outputs = future.result(timeout=timeout_s)
-        except FutureTimeout:
-            future.cancel()
-            raise ServingRequestError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, "The request's deadline passed before the model answered."
-            ) from None
+        outputs = await asyncio.wrap_future(future)
+        self.scheduler.costs.front_end_done(transport)
         return signature, _filtered(outputs, output_filter)
 
 

@@ -1,6 +1,6 @@
 """The local TF-Serving-compatible model server: model manager, config poller, REST and gRPC front ends.
 
-REST runs on uvicorn in an event loop on one thread, gRPC on its thread pool; both hand model calls to one batch
+REST (uvicorn) and gRPC (grpc.aio) run in one event loop on one thread; both hand model calls to one batch
 scheduler, where requests from both transports share a queue (and, with batching on, share batches) and are
 taken in turn, so neither transport can push the other's requests to the back.
 """
@@ -42,8 +42,8 @@ class ModelServer:
     A port of 0 binds a free port (read `rest_port` / `grpc_port` after `start`); None disables that API.
     With `poll_seconds` > 0 the config file and the model folders are re-read on that interval (and failed loads
     retried, see ModelManager). `batching` turns on server-side batching with TF Serving's parameters; without it
-    each request runs alone, one per CPU core at a time. gRPC calls are handled on `grpc_workers` threads. `limits`
-    bounds each request and the load in flight.
+    each request runs alone, one per CPU core at a time. gRPC's status, metadata and reload calls run on
+    `grpc_workers` threads (predictions run on the event loop). `limits` bounds each request and the load in flight.
     """
 
     def __init__(
@@ -127,29 +127,31 @@ class ModelServer:
     def _start_front_ends(self) -> None:
         self.scheduler = scheduler_for(self.batching, self.max_batch_size)
         predictor = Predictor(self.scheduler, self.max_batch_size)
-        # Large REST requests are parsed here rather than on the event loop.
+        # Large requests (REST bodies, gRPC messages) are parsed here rather than on the event loop.
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="request-parser")
         rest_port, grpc_port = self._requested_ports
+        if rest_port is None and grpc_port is None:
+            return
         rest_socket = bind_socket(self.host, rest_port) if rest_port is not None else None
 
-        async def start_rest() -> None:
-            api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
-            self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
-            self.rest_port = self._rest.port
-            await self._rest.start()
-
-        try:
+        async def start_front_ends() -> None:
             if rest_socket is not None:
-                self._loop = uvloop.new_event_loop()
-                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="serving-event-loop",
-                                                     daemon=True)
-                self._loop_thread.start()
-                asyncio.run_coroutine_threadsafe(start_rest(), self._loop).result(timeout=60)
+                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
+                self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
+                self.rest_port = self._rest.port
+                await self._rest.start()
             if grpc_port is not None:
                 self._grpc = GrpcServer(self.manager, predictor, self.admission, self.limits, self.host, grpc_port,
-                                        self.grpc_workers)
+                                        self.grpc_workers, self._executor)
                 self.grpc_port = self._grpc.port
-                self._grpc.start()
+                await self._grpc.start()
+
+        try:
+            self._loop = uvloop.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="serving-event-loop",
+                                                 daemon=True)
+            self._loop_thread.start()
+            asyncio.run_coroutine_threadsafe(start_front_ends(), self._loop).result(timeout=60)
         except BaseException:
             if rest_socket is not None and self._rest is None:
                 rest_socket.close()
@@ -159,17 +161,17 @@ class ModelServer:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=10)
-        if self._grpc is not None:
-            self._grpc.stop()
-            self._grpc = None
         if self._loop is not None:
-            async def stop_rest() -> None:
+            async def stop_front_ends() -> None:
+                if self._grpc is not None:
+                    await self._grpc.stop()
                 if self._rest is not None:
                     await self._rest.stop()
 
             try:
-                asyncio.run_coroutine_threadsafe(stop_rest(), self._loop).result(timeout=30)
+                asyncio.run_coroutine_threadsafe(stop_front_ends(), self._loop).result(timeout=30)
             finally:
+                self._grpc = None
                 self._rest = None
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop_thread.join(timeout=10)

@@ -15,6 +15,7 @@ from serving.batching import (
     BatchingConfigError,
     BatchingParameters,
     BatchScheduler,
+    TransportCosts,
     parse_batching_parameters,
     read_batching_parameters,
 )
@@ -66,6 +67,7 @@ class FakeSignature:
 
     def __init__(self, gate: threading.Event | None = None, bad_value: float | None = None) -> None:
         self.calls: list[int] = []
+        self.values: list[float] = []  # each call's first value, in the order of the calls
         self.gate = gate
         self.bad_value = bad_value
         self.started = threading.Event()
@@ -76,6 +78,7 @@ class FakeSignature:
             self.gate.wait(10)
         x = inputs["x"]
         self.calls.append(len(x))
+        self.values.append(float(x[0]))
         if self.bad_value is not None and (x == self.bad_value).any():
             raise invalid_argument("The model rejected the inputs: bad value")
         return {"y": x + 1}
@@ -91,7 +94,9 @@ def scheduler_factory():
 
     def make(**parameters) -> BatchScheduler:
         merge = parameters.pop("merge", True)
-        scheduler = BatchScheduler(BatchingParameters(**{"num_batch_threads": 1, **parameters}), merge=merge)
+        costs = parameters.pop("costs", None)
+        scheduler = BatchScheduler(BatchingParameters(**{"num_batch_threads": 1, **parameters}), merge=merge,
+                                   costs=costs)
         made.append(scheduler)
         return scheduler
 
@@ -214,6 +219,99 @@ def test_without_merging_each_task_runs_alone(scheduler_factory):
     for future in futures:
         future.result(10)
     assert signature.calls == [1, 1, 1]
+
+
+def transports_in_call_order(signature: FakeSignature) -> str:
+    """R for each REST task, G for each gRPC task (gRPC tasks carry values from 100)."""
+    return "".join("G" if value >= 100 else "R" for value in signature.values)
+
+
+def test_unbatched_transports_take_strict_turns_while_their_costs_are_unknown(scheduler_factory):
+    scheduler = scheduler_factory(max_batch_size=8, merge=False)
+    gate = threading.Event()
+    hold_the_thread(scheduler, FakeSignature(gate))
+    signature, servable = FakeSignature(), object()
+    futures = [scheduler.submit(servable, signature, task(float(i)), "rest") for i in range(4)]
+    futures += [scheduler.submit(servable, signature, task(100.0 + i), "grpc") for i in range(4)]
+    gate.set()
+    for future in futures:
+        future.result(10)
+    assert transports_in_call_order(signature) == "RGRGRGRG"
+
+
+def test_unbatched_turns_are_weighted_by_what_each_transport_costs(scheduler_factory):
+    costs = TransportCosts()
+    costs.weights = {"rest": 1.0, "grpc": 2.0}  # a gRPC request costs the server twice a REST one
+    scheduler = scheduler_factory(max_batch_size=8, max_enqueued_batches=20, merge=False, costs=costs)
+    gate = threading.Event()
+    hold_the_thread(scheduler, FakeSignature(gate))
+    signature, servable = FakeSignature(), object()
+    futures = [scheduler.submit(servable, signature, task(float(i)), "rest") for i in range(8)]
+    futures += [scheduler.submit(servable, signature, task(100.0 + i), "grpc") for i in range(8)]
+    gate.set()
+    for future in futures:
+        future.result(10)
+    order = transports_in_call_order(signature)
+    assert order[:6].count("R") == 4 and order[:9].count("R") == 6, order  # two REST turns for each gRPC turn
+    # Each transport's tasks keep their order.
+    assert [v for v in signature.values if v < 100] == sorted(v for v in signature.values if v < 100)
+    assert [v for v in signature.values if v >= 100] == sorted(v for v in signature.values if v >= 100)
+
+
+class PausingSignature(FakeSignature):
+    """Holds its `pause_at`-th call (counting from 0) until `resume` is set."""
+
+    def __init__(self, pause_at: int) -> None:
+        super().__init__()
+        self.pause_at = pause_at
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def run(self, inputs):
+        if len(self.values) == self.pause_at:
+            self.paused.set()
+            self.resume.wait(10)
+        return super().run(inputs)
+
+
+def test_a_transport_that_had_nothing_waiting_gets_no_banked_turns(scheduler_factory):
+    scheduler = scheduler_factory(max_batch_size=8, merge=False)
+    signature, servable = PausingSignature(pause_at=3), object()
+    futures = [scheduler.submit(servable, signature, task(float(i)), "rest") for i in range(6)]
+    assert signature.paused.wait(10)  # three REST tasks ran alone, a fourth is running
+    futures += [scheduler.submit(servable, signature, task(100.0 + i), "grpc") for i in range(3)]
+    signature.resume.set()
+    for future in futures:
+        future.result(10)
+    # gRPC arrived late: from then on the two take turns; it is not owed the turns REST took alone (else GGG).
+    assert transports_in_call_order(signature) == "RRRRRGRGG"
+
+
+def test_transport_costs_are_measured_while_one_transport_is_served_alone():
+    clock, cpu = [0.0], [0.0]
+    costs = TransportCosts(interval_s=0.95, min_requests=4, cpu=lambda: cpu[0], clock=lambda: clock[0])
+
+    def interval(requests: list[tuple[str, float]]) -> None:
+        """One second of requests (transport, event loop CPU seconds each)."""
+        for transport, cpu_seconds in requests:
+            clock[0] += 1.0 / len(requests)
+            cpu[0] += cpu_seconds
+            costs.front_end_done(transport)
+
+    costs.model_ran(cpu_s=0.004, requests=4)  # 1 ms of model time per request
+    interval([("rest", 0.001)] * 10)
+    assert costs.front_end["rest"] == pytest.approx(0.001)
+    assert costs.weights == {"rest": 1.0, "grpc": 1.0}  # gRPC's cost is not known yet: strict turns
+    interval([("rest", 0.001), ("grpc", 0.01)] * 5)  # a mixed interval tells nothing about either
+    assert costs.front_end["grpc"] is None and costs.front_end["rest"] == pytest.approx(0.001)
+    interval([("grpc", 0.002)] * 10)
+    assert costs.front_end["grpc"] == pytest.approx(0.002)
+    # 2 ms + 1 ms of model against 1 ms + 1 ms: a gRPC request counts one and a half REST requests.
+    assert costs.weights == {"rest": 1.0, "grpc": pytest.approx(1.5)}
+    interval([("grpc", 0.002)] * 3)  # too few requests in an interval to measure anything
+    assert costs.front_end["grpc"] == pytest.approx(0.002)
+    for _ in range(20):  # skewed intervals (say a model loading meanwhile) cannot starve either transport
+        interval([("grpc", 1.0)] * 10)
+    assert costs.weights == {"rest": 1.0, "grpc": costs.max_ratio}
 
 
 def grpc_request(rows: list[dict]) -> predict_pb2.PredictRequest:

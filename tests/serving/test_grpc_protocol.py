@@ -17,7 +17,8 @@ from tensorflow_serving.apis import (
 )
 
 from serving.model_repository import read_model_server_config
-from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, wait_for
+from serving.servable import Signature
+from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, wait_for
 
 
 @pytest.fixture
@@ -263,3 +264,33 @@ def test_stopping_the_server_ends_its_threads(repository):
     wait_for(lambda: not [t for t in set(threading.enumerate()) - before
                           if t.name.startswith(("batch-thread", "serving-event-loop", "model-config-poller"))],
              what="the server's threads to end")
+
+
+def test_a_call_whose_deadline_passes_while_queued_gets_deadline_exceeded_and_never_runs(server, stubs, monkeypatch):
+    gate = threading.Event()
+    started = []
+    real_run = Signature.run
+
+    def held_run(self, inputs):
+        started.append(1)
+        gate.wait(20)
+        return real_run(self, inputs)
+
+    monkeypatch.setattr(Signature, "run", held_run)
+    threads = server.scheduler.parameters.num_batch_threads
+    busy = [threading.Thread(target=http_json, args=("POST", f"{server.rest_url}/v1/models/{MODEL}:predict",
+                                                      {"instances": [ROW]})) for _ in range(threads)]
+    for thread in busy:  # every batch thread holds a model call: the gRPC call waits in the queue
+        thread.start()
+    try:
+        wait_for(lambda: len(started) == threads, what="every batch thread busy")
+        with pytest.raises(grpc.RpcError) as error:
+            stubs[0].Predict(predict_request([ROW]), timeout=0.5)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: server.admission.requests == threads, what="the expired call to release its slot")
+    finally:
+        gate.set()
+        for thread in busy:
+            thread.join(20)
+    assert stubs[0].Predict(predict_request([ROW]), timeout=10).model_spec.version.value == 2
+    assert len(started) == threads + 1  # the held calls and the last one: the expired call never ran

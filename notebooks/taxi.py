@@ -3,6 +3,7 @@ transformed with the project's own Transform math (z-scores, quantile buckets, v
 
 The pipeline computes these constants with TF Transform on Beam; here NumPy computes them on the training rows
 and `components.transform` applies them, so a notebook gets `build_model`'s inputs in a second, not a minute.
+Also the timing helper the notebooks' comparisons share.
 """
 from __future__ import annotations
 

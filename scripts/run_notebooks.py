@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", action="store_true", help="write the outputs into the notebook files")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(NOTEBOOKS.glob("*.ipynb"))
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(missing)}; pass .ipynb files, or nothing for all of notebooks/.")
     total = 0.0
     for path in paths:
         print(f"{path.name} ...", end=" ", flush=True)

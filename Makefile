@@ -15,14 +15,18 @@ TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
+# Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
+NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean
+.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
+	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
+	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
@@ -65,6 +69,15 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# A `python3` kernel spec inside .venv, found first through JUPYTER_PATH: the notebooks run in the project's
+# environment even where another `python3` kernel is installed for the user.
+notebooks: setup
+	$(PY) -m ipykernel install --prefix $(VENV) --name python3 --display-name "Python 3 (tfx-mlops .venv)" >/dev/null
+	JUPYTER_PATH=$(abspath $(VENV))/share/jupyter $(VENV)/bin/jupyter notebook --notebook-dir=notebooks $(NOTEBOOK_ARGS)
+
+notebooks-refresh: setup
+	$(PY) scripts/run_notebooks.py --save
 
 clean:
 	rm -rf outputs

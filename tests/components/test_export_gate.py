@@ -205,16 +205,22 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
 def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monkeypatch, onnx_diff, passes):
     """The Exporter's function with the converters stood in: the report lands either way; a miss raises."""
     artifacts, data = stand_in_artifacts(tmp_path, eval_set, onnx_diff, (0.005, 0.015))
-    monkeypatch.setattr(export, "export_formats", lambda *args: artifacts)
-    optimization = {"stages": ["prune"]}
+    data.representative = {"row": np.arange(10)}
+    model, spec, optimization = object(), {"features": []}, {"stages": ["prune"]}
     output_dir = tmp_path / "version"
     output_dir.mkdir()
+
+    def export_formats(*args):
+        assert args == ("serving_model", model, spec, str(output_dir), options(), data.representative)
+        return artifacts
+
+    monkeypatch.setattr(export, "export_formats", export_formats)
     if passes:
-        result = export_and_verify("unused", None, {}, data, str(output_dir), options(), optimization)
+        result = export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
         assert result["passed"] and result["optimization"] == optimization and result["seconds"] >= 0
     else:
         with pytest.raises(ExportGateError) as error:
-            export_and_verify("unused", None, {}, data, str(output_dir), options(), optimization)
+            export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
     report = json.loads((output_dir / "export_report.json").read_text())
     if not passes:
         assert str(error.value) == (f"export verification failed, nothing is pushed: {gate_message(report)}. "

@@ -50,6 +50,20 @@ def test_anomalies_are_named_with_split_and_reason(tmp_path):
     )
 
 
+def test_the_message_lists_every_anomaly_of_every_split(tmp_path):
+    write_report(tmp_path, "train", {"fare": "Unexpectedly small value: -1.", "company": "Unexpected data type"})
+    write_report(tmp_path, "eval", {"trip_start_hour": "Unexpectedly large value: 24."})
+    with pytest.raises(DataValidationError) as error:
+        check_anomalies(str(tmp_path), ["train", "eval"])
+    assert str(error.value) == (
+        "the data does not match the schema (3 anomalies); fix the data or review the schema:\n"
+        "  - [train] company: Unexpected data type\n"
+        "  - [train] fare: Unexpectedly small value: -1.\n"
+        "  - [eval] trip_start_hour: Unexpectedly large value: 24.\n"
+        f"full report: {tmp_path}"
+    )
+
+
 def test_every_reason_is_kept_and_short_descriptions_fill_in(tmp_path):
     report = anomalies_pb2.Anomalies()
     fare = report.anomaly_info["fare"]

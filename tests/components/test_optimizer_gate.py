@@ -59,9 +59,13 @@ def test_schedule_ends_on_a_mask_update_within_the_fine_tuning(steps, frequency,
     assert bool(should_prune) and float(sparsity) == pytest.approx(0.3)
 
 
-def sigmoid_model(features, training=False):
-    """Stands in for the Keras model: the probability is the sigmoid of feature x."""
-    return tf.sigmoid(features["x"])
+@pytest.fixture(scope="module")
+def sigmoid_model():
+    """A Keras model whose probability is sigmoid(x) at inference; dropout changes it while training."""
+    inputs = {"x": tf.keras.Input(shape=(1,), name="x")}
+    dropped = tf.keras.layers.Dropout(0.5, seed=3)(inputs["x"])
+    output = tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer="ones", name="output")(dropped)
+    return tf.keras.Model(inputs, output)
 
 
 def eval_batches(logits, labels, batch_size=4):
@@ -69,7 +73,7 @@ def eval_batches(logits, labels, batch_size=4):
         ({"x": np.array(logits, np.float32)[:, None]}, np.array(labels, np.int64)[:, None])).batch(batch_size)
 
 
-def test_evaluate_scores_every_row_and_counts_one_half_as_negative():
+def test_evaluate_scores_every_row_in_inference_mode_and_counts_one_half_as_negative(sigmoid_model):
     logits = [-3.0, -1.0, 0.0, 0.5, 2.0, -0.5, 1.5, 3.0, -2.0, -0.2]
     labels = [0, 0, 1, 1, 1, 1, 0, 1, 0, 0]
     probabilities = 1 / (1 + np.exp(-np.array(logits)))
@@ -84,7 +88,7 @@ def test_evaluate_scores_every_row_and_counts_one_half_as_negative():
     assert first_two["auc"] == pytest.approx(roc_auc_score(labels[:8], probabilities[:8]))
 
 
-def test_evaluate_refuses_data_that_cannot_give_an_auc():
+def test_evaluate_refuses_data_that_cannot_give_an_auc(sigmoid_model):
     with pytest.raises(ValueError) as error:
         evaluate(sigmoid_model, eval_batches([1.0, 2.0], [1, 1]))
     assert str(error.value) == ("the evaluation data holds only one class (2 positives of 2 rows), so AUC is "

@@ -85,6 +85,13 @@ def test_bucket_boundaries_belong_to_the_bucket_above_and_missing_gets_its_own(l
     assert one(pickup_latitude=latitude)["pickup_latitude_xf"] == bucket
 
 
+def test_integer_bucket_values_are_compared_in_float32_like_the_transform_graph():
+    # 2**26 + 7 is below the boundary 2**26 + 8, but float32 rounds it onto the boundary, as tf.cast does.
+    spec = {**SPEC, "features": [{"name": "tract", "kind": "bucket", "dtype": "int", "optional": False,
+                                  "boundaries": [2.0**26 + 8], "missing_id": 2}]}
+    assert preprocess(spec, {"tract": [2**26 + 7, 2**26 - 8]})["tract_xf"].ravel().tolist() == [1, 0]
+
+
 def test_an_integer_bucket_feature_that_is_required_keeps_minus_one():
     assert one(trip_start_day=-1)["trip_start_day_xf"] == 0
     assert one(trip_start_day=0)["trip_start_day_xf"] == 1
@@ -97,6 +104,12 @@ def test_an_integer_bucket_feature_that_is_required_keeps_minus_one():
 ])
 def test_vocabulary_ids_with_one_id_for_unseen_and_missing_strings(payment, token_id):
     assert one(payment_type=payment)["payment_type_xf"] == token_id
+
+
+def test_a_missing_string_is_unseen_even_when_the_vocabulary_holds_the_text_none():
+    spec = {**SPEC, "features": [{"name": "company", "kind": "vocab", "dtype": "string", "optional": True,
+                                  "vocabulary": ["Flash Cab", "None"], "oov_id": 2}]}
+    assert preprocess(spec, {"company": [None, "None", "", "Flash Cab"]})["company_xf"].ravel().tolist() == [2, 1, 2, 0]
 
 
 def test_integer_vocabularies_match_the_text_of_the_value():

@@ -64,6 +64,7 @@ def test_optimize_refusals(overrides, message):
 def test_optimize_values_just_inside_their_limits():
     for sparsity in (0.01, 0.99):
         assert load_config(None, [f"optimize.target_sparsity={sparsity}"]).optimize.target_sparsity == sparsity
+    assert load_config(None, ["optimize.fine_tune_steps=1"]).optimize.fine_tune_steps == 1
     # Without pruning the fine-tuning steps do not matter, nor do the student's settings without distillation.
     load_config(None, ["optimize.prune=false", "optimize.fine_tune_steps=0", "optimize.distill.steps=0",
                        "optimize.distill.temperature=0.0", "optimize.distill.hidden_units=[]"])
@@ -109,6 +110,10 @@ def test_export_values_just_inside_their_limits():
 
 
 @pytest.mark.parametrize("overrides, message", [
+    (["training.workers=0"], "training.workers must be at least 1."),
+    (["training.workers=3"], "training.batch_size (128) is the global batch and must be a multiple of "
+                             "training.workers (3); change one of them."),
+    (["training.max_restarts=-1"], "training.max_restarts must be 0 or more."),
     (["training.backend=tfjob", "training.tfjob.namespace="], "training.tfjob.namespace is empty; the TFJob backend "
                                                               "needs it."),
     (["training.backend=tfjob", "training.tfjob.pvc="], "training.tfjob.pvc is empty; the TFJob backend needs it."),
@@ -129,7 +134,7 @@ def test_export_values_just_inside_their_limits():
      "training.tfjob.model_version_name is a KubeDL feature; set training.tfjob.operator=kubedl or leave the "
      "model_* keys empty."),
 ])
-def test_tfjob_refusals(overrides, message):
+def test_distribution_refusals(overrides, message):
     assert refusal(*overrides) == message
 
 

@@ -13,13 +13,14 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean
+.PHONY: help setup lock demo test lint clean mutation
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
+	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~10 min)"
 
 setup: $(STAMP) $(NODE_STAMP)
 
@@ -55,6 +56,12 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Not part of `make test`: mutants of the gates and the other decision-making code against the fast tests
+# (scripts/mutation.yaml). MUTATION_ARGS="--module components/gates/anomalies.py" runs one file.
+MUTATION_ARGS ?=
+mutation: setup
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf outputs

@@ -4,6 +4,7 @@ from the SavedModel (export.max_abs_diff), quantized TFLite variants by the eval
 float32 rounding noise for float formats, coarser scores for quantized ones."""
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -186,6 +187,20 @@ def test_verify_reports_every_format_and_passes_only_when_each_does(tmp_path, ev
         assert {r["artifact"] for r in result["artifacts"] if not r["check"]["passed"]} == failing
 
 
+def test_verify_sizes_a_model_folder_without_what_lies_beside_it(tmp_path, eval_set):
+    reference, labels = eval_set
+    saved_model, tfjs = tmp_path / "version", tmp_path / "version" / "tfjs"
+    files = {saved_model / "saved_model.pb": 100, saved_model / "variables" / "variables.data-00000-of-00001": 200,
+             saved_model / "assets" / "vocab.txt": 50, saved_model / "export_report.json": 1000,
+             tfjs / "model.json": 10, tfjs / "group1-shard1of1.bin": 20, tfjs / "preprocessing.mjs": 3000}
+    for path, size in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * size)
+    artifacts = {"saved_model": (saved_model, FixedRunner(reference)), "tfjs": (tfjs, FixedRunner(reference))}
+    result = verify(artifacts, EvalData({"row": np.arange(len(labels))}, labels, {}), options())
+    assert [row["size_bytes"] for row in result["artifacts"]] == [350, 30]
+
+
 def test_gate_message_names_each_failing_format_its_figure_and_key():
     result = {"artifacts": [
         {"artifact": "saved_model", "check": {"figure": "max_abs_diff", "value": 0.0, "threshold": 5e-5,
@@ -215,9 +230,12 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
         return artifacts
 
     monkeypatch.setattr(export, "export_formats", export_formats)
+    # The Exporter's clock reads 100.0 when it starts and 112.34 ever after: the report says 12.3 seconds.
+    readings = iter([100.0])
+    monkeypatch.setattr(export, "time", SimpleNamespace(perf_counter=lambda: next(readings, 112.34)))
     if passes:
         result = export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
-        assert result["passed"] and result["optimization"] == optimization and result["seconds"] >= 0
+        assert result["passed"] and result["optimization"] == optimization and result["seconds"] == 12.3
     else:
         with pytest.raises(ExportGateError) as error:
             export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)

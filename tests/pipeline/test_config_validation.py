@@ -228,6 +228,15 @@ def test_an_empty_file_is_the_defaults_and_the_schema_is_found_beside_the_config
     assert load_config(job).schema_path == f"{os.path.relpath(DEFAULT_CONFIG.parent)}/taxi_schema.pbtxt"
 
 
+def test_an_override_may_name_a_section_the_file_leaves_out(tmp_path):
+    job = tmp_path / "job.yaml"
+    text = DEFAULT_CONFIG.read_text()
+    job.write_text(text[:text.index("tuner:")] + text[text.index("evaluation:"):])
+    job.with_name("taxi_schema.pbtxt").write_text((DEFAULT_CONFIG.parent / "taxi_schema.pbtxt").read_text())
+    assert load_config(job).tuner.max_trials == 4
+    assert load_config(job, ["tuner.max_trials=2"]).tuner.max_trials == 2
+
+
 def refusal_of_file(path):
     with pytest.raises(ConfigError) as error:
         load_config(path)

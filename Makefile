@@ -20,7 +20,7 @@ help:
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
-	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~10 min)"
+	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~40 min)"
 
 setup: $(STAMP) $(NODE_STAMP)
 

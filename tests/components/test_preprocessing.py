@@ -18,6 +18,9 @@ SPEC = {
          "std": 200.0},
         {"name": "trip_start_hour", "kind": "numeric", "dtype": "int", "optional": False, "fill": 13.0,
          "mean": 1.0, "std": 2.0},
+        # Coordinates vary by hundredths of a degree: a standard deviation below 1 still divides.
+        {"name": "dropoff_latitude", "kind": "numeric", "dtype": "float", "optional": True, "fill": 41.9,
+         "mean": 41.9, "std": 0.05},
         # A constant column: standard deviation 0, so it is only centred.
         {"name": "fixed_rate", "kind": "numeric", "dtype": "float", "optional": True, "fill": 3.0, "mean": 3.0,
          "std": 0.0},
@@ -33,7 +36,7 @@ SPEC = {
          "vocabulary": ["6", "-1"], "oov_id": 2},
     ],
 }
-ROW = {"fare": [12.0], "trip_seconds": [600], "trip_start_hour": [1], "fixed_rate": [3.0],
+ROW = {"fare": [12.0], "trip_seconds": [600], "trip_start_hour": [1], "dropoff_latitude": [41.9], "fixed_rate": [3.0],
        "pickup_latitude": [41.88], "trip_start_day": [1], "payment_type": ["Cash"], "pickup_community_area": [8],
        "trip_start_month": [6]}
 
@@ -70,6 +73,10 @@ def test_minus_one_is_missing_only_for_optional_integer_features():
     assert one(trip_seconds=None)["trip_seconds_xf"] == (700.0 - 600.0) / 200.0
     # trip_start_hour is required: -1 is a value like any other.
     assert one(trip_start_hour=-1)["trip_start_hour_xf"] == (-1.0 - 1.0) / 2.0
+
+
+def test_a_standard_deviation_below_one_still_scales():
+    assert one(dropoff_latitude=42.0)["dropoff_latitude_xf"] == (np.float32(42.0) - np.float32(41.9)) / np.float32(0.05)
 
 
 def test_a_constant_feature_is_only_centred():

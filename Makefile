@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh
+.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
@@ -27,6 +27,7 @@ help:
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
+	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~40 min)"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
@@ -78,6 +79,11 @@ notebooks: setup
 
 notebooks-refresh: setup
 	$(PY) scripts/run_notebooks.py --save
+# Not part of `make test`: mutants of the gates and the other decision-making code against the fast tests
+# (scripts/mutation.yaml). MUTATION_ARGS="--module components/gates/anomalies.py" runs one file.
+MUTATION_ARGS ?=
+mutation: setup
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf outputs

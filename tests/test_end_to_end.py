@@ -145,9 +145,12 @@ def test_run_then_serve_prints_rest_and_grpc_predictions(first_and_second_run, c
 
 def test_export_gate_failure_pushes_nothing(first_and_second_run, capsys):
     config, first, _ = first_and_second_run
-    # Every quantized variant "loses" more AUC than a negative allowance: the Exporter must fail and stop the push.
+    # An allowance just below the AUC the first run's int8 variant lost: the same conversion now misses it, the
+    # Exporter fails and nothing is pushed.
+    report = json.loads((Path(first.pushed_path) / "export_report.json").read_text())
+    int8_drop = next(row["check"]["value"] for row in report["artifacts"] if row["artifact"] == "tflite/int8")
     overrides = small_overrides(Path(config.data.path), Path(config.output_root), *TUNER,
-                                "export.max_quantized_auc_drop=-1")
+                                f"export.max_quantized_auc_drop={int8_drop - 1e-4}")
     assert cli.main(["run", *as_cli_flags(overrides)]) == 1
     err = capsys.readouterr().err
     assert "Exporter failed" in err and "nothing is pushed" in err

@@ -111,6 +111,26 @@ def export_formats(
     return artifacts
 
 
+def check_artifact(
+    name: str, probabilities: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The gate on one artifact: its figures against the SavedModel's `reference` probabilities on the same rows.
+
+    Float formats (FLOAT_ARTIFACTS) must give every probability within export.max_abs_diff of the SavedModel's;
+    quantized TFLite variants may lose at most export.max_quantized_auc_drop of eval AUC (a gain always passes).
+    """
+    metrics = _metrics(probabilities, labels)
+    diff = float(np.max(np.abs(probabilities - reference)))
+    if name in FLOAT_ARTIFACTS:
+        check = {"figure": "max_abs_diff", "value": diff, "threshold": options["max_abs_diff"],
+                 "config_key": "export.max_abs_diff", "passed": diff <= options["max_abs_diff"]}
+    else:
+        drop = _metrics(reference, labels)["auc"] - metrics["auc"]
+        check = {"figure": "auc_drop", "value": drop, "threshold": options["max_quantized_auc_drop"],
+                 "config_key": "export.max_quantized_auc_drop", "passed": drop <= options["max_quantized_auc_drop"]}
+    return {"max_abs_diff": diff, **metrics, "check": check}
+
+
 def verify(
     artifacts: dict[str, tuple[Path, Runner]], data: EvalData, options: dict[str, Any]
 ) -> dict[str, Any]:
@@ -121,22 +141,15 @@ def verify(
     for name, (path, runner) in artifacts.items():
         started = time.perf_counter()
         probabilities, latency = runner.predict_and_time(data.columns, options["latency_rows"])
-        metrics = _metrics(probabilities, data.labels)
-        diff = float(np.max(np.abs(probabilities - reference)))
-        if name in FLOAT_ARTIFACTS:
-            check = {"figure": "max_abs_diff", "value": diff, "threshold": options["max_abs_diff"],
-                     "config_key": "export.max_abs_diff", "passed": diff <= options["max_abs_diff"]}
-        else:
-            drop = reference_metrics["auc"] - metrics["auc"]
-            check = {"figure": "auc_drop", "value": drop, "threshold": options["max_quantized_auc_drop"],
-                     "config_key": "export.max_quantized_auc_drop",
-                     "passed": drop <= options["max_quantized_auc_drop"]}
+        figures = check_artifact(name, probabilities, reference, data.labels, options)
+        check = figures.pop("check")
         rows.append({
-            "artifact": name, "path": str(path), "size_bytes": _model_size(name, path), "max_abs_diff": diff, **metrics,
+            "artifact": name, "path": str(path), "size_bytes": _model_size(name, path), **figures,
             "latency_ms_p50": float(np.median(latency)), "check": check,
         })
         logging.info("verified %s in %.1fs: max |diff| %.2e, AUC %.4f, p50 %.3f ms", name,
-                     time.perf_counter() - started, diff, metrics["auc"], rows[-1]["latency_ms_p50"])
+                     time.perf_counter() - started, figures["max_abs_diff"], figures["auc"],
+                     rows[-1]["latency_ms_p50"])
     return {
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **reference_metrics},

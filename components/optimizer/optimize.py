@@ -83,6 +83,13 @@ def evaluate(model: tf.keras.Model, dataset: tf.data.Dataset, steps: int | None 
     return {"auc": float(roc_auc_score(y, p)), "accuracy": float(np.mean((p > 0.5) == (y == 1))), "rows": int(y.size)}
 
 
+def pruning_gate(auc_before: float, auc_after: float, max_auc_drop: float) -> tuple[float, bool]:
+    """The Optimizer's gate: the eval AUC pruning cost (negative when it gained), and whether that is at most
+    optimize.max_auc_drop."""
+    drop = auc_before - auc_after
+    return drop, drop <= max_auc_drop
+
+
 def _pruning_schedule(target_sparsity: float, steps: int) -> tfmot.sparsity.keras.PolynomialDecay:
     # Masks update every `frequency` steps only, so end_step must be a multiple of it for the last update to
     # land on the final target; the pruning step counts 1..steps, so end_step <= steps is always reached.
@@ -272,13 +279,13 @@ def optimize(
         )
         stats = _describe(pruned, evaluate(pruned, evaluation))
         stats["pruned_from"] = current_stage
-        stats["auc_drop"] = before - stats["auc"]
+        stats["auc_drop"], passed = pruning_gate(before, stats["auc"], options["max_auc_drop"])
         report["pruned"] = stats
         report["stages"].append("prune")
         logging.info("optimizer: pruned eval AUC %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
                      "bytes", stats["auc"], before, stats["kernel_sparsity"], report[current_stage]["gzip_bytes"],
                      stats["gzip_bytes"])
-        if stats["auc_drop"] > options["max_auc_drop"]:
+        if not passed:
             report["summary"] = _summary(report, "input", "pruned")
             raise OptimizationGateError(
                 f"pruning to {options['target_sparsity']:.0%} sparsity lowered the eval AUC by "

@@ -57,13 +57,18 @@ def synthetic(n, seed):
     return features, labels
 
 
-@pytest.fixture(scope="module")
-def data():
+def datasets():
+    """Fresh (train, eval) datasets: a new shuffle order state each time, so two runs see the same batches."""
     train_x, train_y = synthetic(3000, seed=0)
     eval_x, eval_y = synthetic(1000, seed=1)
     train = tf.data.Dataset.from_tensor_slices((train_x, train_y)).shuffle(3000, seed=SEED).repeat().batch(64)
     evaluation = tf.data.Dataset.from_tensor_slices((eval_x, eval_y)).batch(256)
     return train, evaluation
+
+
+@pytest.fixture(scope="module")
+def data():
+    return datasets()
 
 
 def build_student():
@@ -158,16 +163,34 @@ def test_nothing_enabled_returns_the_same_model(teacher, data):
     assert "nothing done" in result.report["note"]
 
 
-def test_auc_gate_names_the_threshold_and_the_keys(teacher, data):
-    settings = options(prune=True, fine_tune_steps=20, max_auc_drop=-1.0)
+def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
+    """Pruning to 75% for 20 steps costs the teacher some AUC; the gate passes a limit 1e-4 above that cost and
+    fails one 1e-4 below it, with a message naming the figures and the keys to change."""
+    def run(max_auc_drop):
+        train, evaluation = datasets()
+        settings = options(prune=True, target_sparsity=0.75, fine_tune_steps=20, max_auc_drop=max_auc_drop)
+        return optimize(teacher, train, evaluation, settings, build_student, seed=SEED)
+
+    measured = run(1.0).report
+    drop = measured["pruned"]["auc_drop"]
+    assert drop == pytest.approx(measured["input"]["auc"] - measured["pruned"]["auc"], abs=1e-12)
+    assert measured["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.75, abs=0.01)
+
+    inside = run(drop + 1e-4)
+    assert inside.report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert inside.report["summary"]["output_stage"] == "pruned"
     with pytest.raises(OptimizationGateError) as caught:
-        optimize(teacher, data[0], data[1], settings, build_student, seed=SEED)
-    message = str(caught.value)
+        run(drop - 1e-4)
     assert isinstance(caught.value, ValueError)
-    assert "optimize.max_auc_drop=-1.0" in message and "optimize.fine_tune_steps" in message
     report = caught.value.report
-    assert report["pruned"]["auc_drop"] > -1.0
-    assert report["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.5, abs=0.01)
+    assert report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert report["summary"]["output_stage"] == "pruned"
+    assert str(caught.value) == (
+        f"pruning to 75% sparsity lowered the eval AUC by {report['pruned']['auc_drop']:.4f} "
+        f"({report['input']['auc']:.4f} to {report['pruned']['auc']:.4f}), more than "
+        f"optimize.max_auc_drop={drop - 1e-4}; allow a larger drop with optimize.max_auc_drop or fine-tune longer "
+        "with optimize.fine_tune_steps."
+    )
 
 
 # --- The executor on a real transform graph (TFT's Beam analysis of a few rows) and gzipped TFRecords. ---
@@ -263,7 +286,8 @@ def run_executor(artifacts, output_name, optimize_settings):
 
 
 def test_executor_distils_prunes_and_exports_like_the_trainer(artifacts):
-    settings = options(prune=True, target_sparsity=0.5, fine_tune_steps=60, batch_size=64, max_auc_drop=0.05)
+    # 0.25, not 0.5: a schedule that pruned to 1 - target would be caught.
+    settings = options(prune=True, target_sparsity=0.25, fine_tune_steps=60, batch_size=64, max_auc_drop=0.05)
     settings["distill"].update(enabled=True, hidden_units=[8], steps=100)
     uri, report = run_executor(artifacts, "optimized", settings)
     assert report["stages"] == ["distill", "prune"]
@@ -272,7 +296,7 @@ def test_executor_distils_prunes_and_exports_like_the_trainer(artifacts):
     assert report["summary"]["gzip_bytes_after"] < report["summary"]["gzip_bytes_before"]
 
     model = tf.keras.models.load_model(keras_model_path(uri), compile=False)
-    assert all(s == pytest.approx(0.5, abs=0.01) for s in kernel_sparsity(model).values())
+    assert all(s == pytest.approx(0.25, abs=0.01) for s in kernel_sparsity(model).values())
     # The SavedModel serves raw features through the Transform graph and agrees with the Keras model.
     raw, transformed = artifacts["eval"]
     served = tf.saved_model.load(os.path.join(uri, "Format-Serving"))
@@ -292,12 +316,14 @@ def test_executor_with_nothing_to_do_copies_the_trainers_artifact(artifacts):
 
 
 def test_executor_writes_the_report_when_the_gate_fails(artifacts):
-    settings = options(prune=True, fine_tune_steps=10, batch_size=64, max_auc_drop=-1.0)
-    with pytest.raises(OptimizationGateError, match="optimize.max_auc_drop"):
+    # Zeroing 95% of every kernel with 10 steps to recover costs more AUC than the default allowance of 0.01.
+    settings = options(prune=True, target_sparsity=0.95, fine_tune_steps=10, batch_size=64)
+    with pytest.raises(OptimizationGateError, match=r"more than optimize.max_auc_drop=0.01;"):
         run_executor(artifacts, "gated", settings)
     with open(artifacts["root"] / "gated" / "optimization_report.json") as f:
         report = json.load(f)
-    assert report["stages"] == ["prune"] and report["pruned"]["auc_drop"] > -1.0
+    assert report["stages"] == ["prune"] and report["pruned"]["auc_drop"] > 0.01
+    assert report["summary"]["auc_before"] - report["summary"]["auc_after"] == report["pruned"]["auc_drop"]
 
 
 def test_component_wiring():

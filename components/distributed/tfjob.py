@@ -25,6 +25,8 @@ PORT = 2222
 VOLUME_NAME = "pipeline-root"
 KUBEDL_MODEL_MOUNT = "/kubedl-model"
 FINISHED = ("Succeeded", "Failed")
+# The project image's user (Dockerfile USER): pods run as it, and the volume is made writable for its group.
+IMAGE_USER_ID = 10001
 
 
 class TFJobFailedError(RuntimeError):
@@ -52,6 +54,8 @@ def worker_pod_template(spec_path: str, settings: TFJobConfig, labels: dict[str,
         spec=client.V1PodSpec(
             containers=[container],
             service_account_name=settings.service_account,
+            security_context=client.V1PodSecurityContext(run_as_non_root=True, run_as_user=IMAGE_USER_ID,
+                                                         run_as_group=IMAGE_USER_ID, fs_group=IMAGE_USER_ID),
             volumes=[client.V1Volume(
                 name=VOLUME_NAME,
                 persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=settings.pvc),

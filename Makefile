@@ -33,7 +33,7 @@ setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):
-	@py=$$(scripts/find_python310.sh) || exit 1; \
+	@py=$$(UV_VERSION=$(UV_VERSION) scripts/find_python310.sh) || exit 1; \
 	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))'; then \
 	  rm -rf $(VENV) && echo "creating $(VENV) with $$py" && $$py -m venv $(VENV); \
 	fi

@@ -2,7 +2,6 @@
 formats, a cached second run, an export gate that stops the push, and a corrupted CSV stopped by the
 data-validation gate with nothing pushed."""
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -116,10 +115,10 @@ def test_pushed_model_answers_a_raw_feature_request(first_and_second_run, taxi_s
 def test_trainer_uses_the_tuners_best_hyperparameters(first_and_second_run):
     config, first, _ = first_and_second_run
     [best] = Path(config.pipeline_root, "Tuner", "best_hyperparameters").glob("*/best_hyperparameters.txt")
-    tuned = apply_hyperparameters(dataclasses.asdict(config.training), json.loads(best.read_text()))
+    tuned = apply_hyperparameters(config.training, json.loads(best.read_text()))
     kernels = {v.name: v.shape for v in tf.saved_model.load(first.pushed_path).model.variables if "kernel" in v.name}
-    widths = [kernels[f"dense_{i}/kernel:0"][1] for i in range(len(tuned["hidden_units"]))]
-    assert widths == tuned["hidden_units"]
+    widths = [kernels[f"dense_{i}/kernel:0"][1] for i in range(len(tuned.hidden_units))]
+    assert widths == tuned.hidden_units
     assert f"dense_{len(widths)}/kernel:0" not in kernels
 
 

@@ -30,9 +30,8 @@ MAX_AUC_DROP = 0.02
 
 
 def options(**changes):
-    settings = {**dataclasses.asdict(ExportConfig()), "max_abs_diff": MAX_ABS_DIFF,
-                "max_quantized_auc_drop": MAX_AUC_DROP, "latency_rows": 3}
-    return {**settings, **changes}
+    settings = {"max_abs_diff": MAX_ABS_DIFF, "max_quantized_auc_drop": MAX_AUC_DROP, "latency_rows": 3}
+    return dataclasses.replace(ExportConfig(), **{**settings, **changes})
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from components.exporter.export import EvalData, ExportGateError, export_and_ver
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from pipeline.config import ExportConfig
-from tests.components.small_model import CUSTOM_CONFIG, build_small_model
+from tests.components.small_model import build_small_model
 
 
 def options(**changes):
-    return {**dataclasses.asdict(ExportConfig()), "latency_rows": 20, **changes}
+    return dataclasses.replace(ExportConfig(), **{"latency_rows": 20, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def small(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(small):
-    return build_spec(small.transform_dir, CUSTOM_CONFIG)
+    return build_spec(small.transform_dir, small.layout)
 
 
 def eval_data(small):

@@ -148,7 +148,7 @@ def test_distribution_values_just_inside_their_limits():
         "training.tfjob.model_image_repo=r", "training.tfjob.model_nfs_server=s", "training.tfjob.model_nfs_path=/e",
     ])
     assert config.training.tfjob.mount_path == "/data/out"
-    assert config.module_config()["training"]["tfjob"]["mount_path"] == "/data/out"
+    assert config.resolved_training().tfjob.mount_path == "/data/out"
     # The TFJob settings are checked only for the TFJob backend.
     assert load_config(None, ["training.tfjob.image=", "training.tfjob.poll_seconds=0"]).training.backend == "local"
 
@@ -243,7 +243,7 @@ def refusal_of_file(path):
     return str(error.value)
 
 
-def test_paths_and_the_module_config_every_component_receives(tmp_path):
+def test_paths_and_the_sections_every_component_receives(tmp_path):
     config = load_config(None, [f"output_root={tmp_path}", "name=job", "model_name=m"])
     assert config.features == ["fare", "trip_miles", "trip_seconds", "pickup_latitude", "pickup_longitude",
                                "dropoff_latitude", "dropoff_longitude", "payment_type", "company", "trip_start_hour",
@@ -252,16 +252,14 @@ def test_paths_and_the_module_config_every_component_receives(tmp_path):
     assert config.pipeline_root == f"{tmp_path}/pipelines/job"
     assert config.metadata_path == f"{tmp_path}/metadata/job/metadata.db"
     assert config.serving_dir == f"{tmp_path}/serving/m"
-    module = config.module_config()
-    assert sorted(module) == ["export", "features", "label", "optimize", "training", "transform", "tuner"]
-    assert module["features"] == {"numeric": config.data.numeric_features, "bucket": config.data.bucket_features,
-                                  "vocab": config.data.vocab_features}
-    assert module["label"] == {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare",
-                               "positive_value": ""}
-    assert module["transform"] == {"bucket_count": 10, "vocab_size": 1000, "oov_buckets": 1}
-    assert module["optimize"]["distill"]["hidden_units"] == [16] and module["export"]["max_abs_diff"] == 1e-4
-    assert module["tuner"]["max_trials"] == 4 and module["training"]["tfjob"]["mount_path"] == ""
-    # The module config is a copy: components changing it cannot change the pipeline's config.
-    module["features"]["numeric"].append("x")
+    sections = config.sections("data", "label", "transform", "training", "tuner", "optimize", "export")
+    assert sections["data"]["numeric_features"] == config.data.numeric_features
+    assert sections["label"] == {**sections["label"], "name": "big_tipper", "column": "tips", "threshold": 0.2,
+                                 "relative_to": "fare", "positive_value": ""}
+    assert sections["transform"]["vocab_size"] == 1000 and sections["transform"]["oov_buckets"] == 1
+    assert sections["optimize"]["distill"]["hidden_units"] == [16] and sections["export"]["max_abs_diff"] == 1e-4
+    assert sections["tuner"]["max_trials"] == 4 and sections["training"]["tfjob"]["mount_path"] == ""
+    # The sections are copies: components changing them cannot change the pipeline's config.
+    sections["data"]["numeric_features"].append("x")
     assert "x" not in config.data.numeric_features
     assert PipelineConfig().features == []

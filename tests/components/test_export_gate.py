@@ -4,6 +4,7 @@ from the SavedModel (export.max_abs_diff), quantized TFLite variants by the eval
 float32 rounding noise for float formats, coarser scores for quantized ones."""
 import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -218,15 +219,18 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
 @pytest.mark.parametrize("onnx_diff, passes", [(0.9 * MAX_ABS_DIFF, True), (1.1 * MAX_ABS_DIFF, False)])
 def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monkeypatch, onnx_diff, passes):
     """The Exporter's function with the converters stood in: the report lands either way; a miss raises."""
-    artifacts, data = stand_in_artifacts(tmp_path, eval_set, onnx_diff, (0.005, 0.015))
+    _, data = stand_in_artifacts(tmp_path / "unused", eval_set, onnx_diff, (0.005, 0.015))
     data.representative = {"row": np.arange(10)}
     model, spec, optimization = object(), {"features": []}, {"stages": ["prune"]}
     output_dir = tmp_path / "version"
     output_dir.mkdir()
 
     def export_formats(*args):
-        assert args == ("serving_model", model, spec, str(output_dir), options(), data.representative)
-        return artifacts
+        # The formats are built in a staging folder, then copied to the artifact's folder with the report.
+        staging = Path(args[3])
+        assert args[:3] + args[4:] == ("serving_model", model, spec, options(), data.representative)
+        assert staging != output_dir and staging.is_dir()
+        return stand_in_artifacts(staging, eval_set, onnx_diff, (0.005, 0.015))[0]
 
     monkeypatch.setattr(export, "export_formats", export_formats)
     # The Exporter's clock reads 100.0 when it starts and 112.34 ever after: the report says 12.3 seconds.

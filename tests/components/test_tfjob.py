@@ -108,7 +108,7 @@ def test_kubeflow_job_for_four_workers_matches_the_crd(tmp_path, schemas):
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "mlops-pipeline-root"}
     assert pod["serviceAccountName"] == "mlops-trainer"
     # What the restricted Pod Security Standard asks of a pod, as the image's own user.
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 

@@ -188,8 +188,8 @@ def test_values_are_coerced_to_the_declared_type(override, value):
                          "model_version_name, model_image_repo, model_nfs_server, model_nfs_path."),
     ("beam.direct_running_mode=spark", "config key 'beam.direct_running_mode' must be one of 'in_memory', "
                                        "'multi_threading', 'multi_processing', got 'spark'."),
-    ("beam.workers=2", "unknown config key 'beam.workers'; valid keys here are: beam.direct_running_mode, "
-                       "beam.direct_num_workers."),
+    ("tuner.trials=2", "unknown config key 'tuner.trials'; valid keys here are: tuner.enabled, tuner.algorithm, "
+                       "tuner.max_trials, tuner.train_steps, tuner.eval_steps."),
     ("name.first=x", "override 'name.first=x': 'name' is not a section."),
     ("training", "override 'training' must look like key.sub=value, for example training.train_steps=100."),
 ])

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from components.features import transformed_name
 from components.transform import bucket_ids, z_score
-from pipeline.config import load_config
+from pipeline.config import TrainingConfig, load_config
 from pipeline.data import EMBEDDED_TAXI_DIR
 
 
@@ -29,12 +29,12 @@ class TaxiData:
     eval: tuple[dict[str, np.ndarray], np.ndarray]
     numeric: list[str]  # transformed names of the float inputs of build_model
     cardinalities: dict[str, int]  # transformed name -> ids the categorical input can take
-    training: dict[str, Any]  # the default config's training section, as build_model receives it
+    training: TrainingConfig  # the default config's training section, as build_model receives it
 
 
-def training_settings(**changes: Any) -> dict[str, Any]:
+def training_settings(**changes: Any) -> TrainingConfig:
     """The taxi config's training section with `changes` applied, as the Trainer passes it to build_model."""
-    return dataclasses.asdict(dataclasses.replace(load_config().training, **changes))
+    return dataclasses.replace(load_config().training, **changes)
 
 
 def load_taxi(rows: int | None = None, eval_share: float = 0.2, seed: int = 0) -> TaxiData:
@@ -78,7 +78,7 @@ def load_taxi(rows: int | None = None, eval_share: float = 0.2, seed: int = 0) -
         eval=take(eval_rows),
         numeric=[transformed_name(k) for k in config.data.numeric_features],
         cardinalities=cardinalities,
-        training=dataclasses.asdict(config.training),
+        training=config.training,
     )
 
 

@@ -87,13 +87,18 @@ def test_next_version_is_one_past_the_newest_even_after_a_gap(tmp_path, repo):
     assert repo.add_version("other", stand_in_export(tmp_path / "exports" / "first")) == 1
 
 
-def test_explicit_versions_start_at_zero_and_are_never_replaced(tmp_path, repo):
-    assert repo.add_version(MODEL, stand_in_export(tmp_path / "exports" / "zero"), version=0) == 0
+def test_explicit_versions_only_grow_and_are_never_replaced(tmp_path, repo):
+    assert repo.add_version("other", stand_in_export(tmp_path / "exports" / "zero"), version=0) == 0
     with pytest.raises(RepositoryError) as error:
         repo.add_version(MODEL, stand_in_export(tmp_path / "exports" / "again"), version=5)
     assert str(error.value) == (f"Version 5 of model {MODEL!r} already exists and versions are immutable; publish a "
                                 "new version number instead.")
-    assert repo.versions(MODEL) == [0, 1, 2, 5]
+    with pytest.raises(RepositoryError) as error:
+        repo.add_version(MODEL, stand_in_export(tmp_path / "exports" / "below"), version=4)
+    assert str(error.value) == (f"Version 4 of model {MODEL!r} is below the latest version 5; version numbers only "
+                                "grow (TF Serving serves the highest by default), so publish a higher one.")
+    assert repo.add_version(MODEL, stand_in_export(tmp_path / "exports" / "above"), version=6) == 6
+    assert repo.versions(MODEL) == [1, 2, 5, 6]
 
 
 @pytest.mark.parametrize("version", [-1, True, 1.0, "3", None])

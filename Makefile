@@ -13,13 +13,14 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean
+.PHONY: help setup lock demo test lint clean bench-data
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
+	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
 
 setup: $(STAMP) $(NODE_STAMP)
 
@@ -55,6 +56,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Not part of `make test`: a benchmark run on purpose (100x takes a while on 2 cores).
+BENCH_SCALES ?= 1 10 100
+bench-data: setup
+	$(PY) -m benchmarks.data_stages --scales $(BENCH_SCALES)
 
 clean:
 	rm -rf outputs

@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation
+.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
@@ -28,6 +28,7 @@ help:
 	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
 	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~40 min)"
+	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
@@ -84,6 +85,10 @@ notebooks-refresh: setup
 MUTATION_ARGS ?=
 mutation: setup
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
+# Not part of `make test`: a benchmark run on purpose (100x takes a while on 2 cores).
+BENCH_SCALES ?= 1 10 100
+bench-data: setup
+	$(PY) -m benchmarks.data_stages --scales $(BENCH_SCALES)
 
 clean:
 	rm -rf outputs

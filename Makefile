@@ -80,11 +80,13 @@ notebooks: setup
 
 notebooks-refresh: setup
 	$(PY) scripts/run_notebooks.py --save
+
 # Not part of `make test`: mutants of the gates and the other decision-making code against the fast tests
 # (scripts/mutation.yaml). MUTATION_ARGS="--module components/gates/anomalies.py" runs one file.
 MUTATION_ARGS ?=
 mutation: setup
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
+
 # Not part of `make test`: a benchmark run on purpose (100x takes a while on 2 cores).
 BENCH_SCALES ?= 1 10 100
 bench-data: setup

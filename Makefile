@@ -15,20 +15,26 @@ TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.synced
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
+# Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
+NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean
+.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
+	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
+	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
+	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~40 min)"
+	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):
-	@py=$$(scripts/find_python310.sh) || exit 1; \
+	@py=$$(UV_VERSION=$(UV_VERSION) scripts/find_python310.sh) || exit 1; \
 	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))'; then \
 	  rm -rf $(VENV) && echo "creating $(VENV) with $$py" && $$py -m venv $(VENV); \
 	fi
@@ -65,6 +71,26 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# A `python3` kernel spec inside .venv, found first through JUPYTER_PATH: the notebooks run in the project's
+# environment even where another `python3` kernel is installed for the user.
+notebooks: setup
+	$(PY) -m ipykernel install --prefix $(VENV) --name python3 --display-name "Python 3 (tfx-mlops .venv)" >/dev/null
+	JUPYTER_PATH=$(abspath $(VENV))/share/jupyter $(VENV)/bin/jupyter notebook --notebook-dir=notebooks $(NOTEBOOK_ARGS)
+
+notebooks-refresh: setup
+	$(PY) scripts/run_notebooks.py --save
+
+# Not part of `make test`: mutants of the gates and the other decision-making code against the fast tests
+# (scripts/mutation.yaml). MUTATION_ARGS="--module components/gates/anomalies.py" runs one file.
+MUTATION_ARGS ?=
+mutation: setup
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
+
+# Not part of `make test`: a benchmark run on purpose (100x takes a while on 2 cores).
+BENCH_SCALES ?= 1 10 100
+bench-data: setup
+	$(PY) -m benchmarks.data_stages --scales $(BENCH_SCALES)
 
 clean:
 	rm -rf outputs

@@ -13,14 +13,9 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -28,38 +23,10 @@ sys.path.insert(0, str(REPO))
 import tfx  # noqa: E402
 
 import components  # noqa: E402,F401  (Keras 2 before TensorFlow)
+from benchmarks.measure import run_measured  # noqa: E402
 from pipeline.data import EMBEDDED_TAXI_DIR  # noqa: E402
 
 TFX_EXAMPLE_DIR = Path(tfx.__file__).parent / "examples" / "chicago_taxi_pipeline"
-
-
-def run_measured(command: list[str], env: dict[str, str], log_path: Path) -> tuple[float, float]:
-    """Runs `command`, returns (wall seconds, peak resident GiB summed over the process tree)."""
-    peak = 0.0
-    started = time.monotonic()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        root = psutil.Process(process.pid)
-        done = threading.Event()
-
-        def sample() -> None:
-            nonlocal peak
-            while not done.is_set():
-                try:
-                    tree = [root, *root.children(recursive=True)]
-                    peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()) / 2**30)
-                except psutil.Error:
-                    pass
-                done.wait(0.5)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        code = process.wait()
-        done.set()
-        sampler.join()
-    if code != 0:
-        raise SystemExit(f"{' '.join(command)} failed with exit code {code}; see {log_path}")
-    return time.monotonic() - started, peak
 
 
 def read_examples(split_dir: str) -> list[bytes]:

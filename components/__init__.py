@@ -1,8 +1,7 @@
 """Custom TFX components and the module code that the standard components load.
 
-TFX 1.16's Trainer, tensorflow-model-optimization and the converters need Keras 2: this is the one
-place that selects it, before anything imports TensorFlow.
+Importing this package selects Keras 2 (components/compat.py) before anything imports TensorFlow.
 """
-import os
+from components.compat import select_legacy_keras
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+select_legacy_keras()

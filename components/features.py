@@ -1,23 +1,44 @@
 """Names shared by the Transform and Trainer module code: which features exist and how they are called."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from components.specs import DATA_KEY, LABEL_KEY, TRANSFORM_KEY
+from pipeline.config import DataConfig, LabelConfig, TransformConfig, read_section
 
 
 def transformed_name(key: str) -> str:
     return f"{key}_xf"
 
 
+@dataclass(frozen=True)
 class FeatureLayout:
-    """The feature groups and label of a run, read from the `custom_config` dict the pipeline passes."""
+    """The feature groups, the label and the Transform settings of a run: the config's data, label and transform
+    sections, as every component receives them."""
 
-    def __init__(self, custom_config: dict[str, Any]):
-        features = custom_config["features"]
-        self.numeric: list[str] = list(features["numeric"])
-        self.bucket: list[str] = list(features["bucket"])
-        self.vocab: list[str] = list(features["vocab"])
-        self.label: dict[str, Any] = dict(custom_config["label"])
-        self.transform: dict[str, Any] = dict(custom_config["transform"])
+    data: DataConfig
+    label: LabelConfig
+    transform: TransformConfig
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> FeatureLayout:
+        """From a component's custom_config or properties (see components/specs.py)."""
+        return cls(read_section(properties, DATA_KEY, DataConfig), read_section(properties, LABEL_KEY, LabelConfig),
+                   read_section(properties, TRANSFORM_KEY, TransformConfig))
+
+    @property
+    def numeric(self) -> list[str]:
+        return list(self.data.numeric_features)
+
+    @property
+    def bucket(self) -> list[str]:
+        return list(self.data.bucket_features)
+
+    @property
+    def vocab(self) -> list[str]:
+        return list(self.data.vocab_features)
 
     @property
     def raw_features(self) -> list[str]:
@@ -25,9 +46,9 @@ class FeatureLayout:
 
     @property
     def label_key(self) -> str:
-        return self.label["name"]
+        return self.label.name
 
     @property
     def label_columns(self) -> list[str]:
         """Raw columns the label is computed from that are not features themselves."""
-        return [self.label["column"]]
+        return [self.label.column]

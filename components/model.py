@@ -1,79 +1,84 @@
 """The Keras model and the Trainer's `run_fn`: training under MultiWorkerMirroredStrategy, then export."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import shutil
+import tempfile
 import time
 from typing import Any
 
 import tensorflow as tf
 import tensorflow_transform as tft
 from absl import logging
-from tensorflow.python.autograph.core import config as _autograph_config
-from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
+from tfx import v1 as tfx
 from tfx_bsl.tfxio import dataset_options
 
+from components import artifacts
+from components.compat import skip_autograph_for_tf_keras
 from components.distributed.cluster import worker_role
-from components.distributed.layout import backup_dir, scratch_dir
 from components.features import FeatureLayout, transformed_name
+from components.specs import TRAINING_KEY
+from pipeline.config import TrainingConfig, read_section
 
-# TF 2.16 tells AutoGraph to leave `keras` alone but not `tf_keras`: without this rule every first
-# model.fit re-transpiles Keras' own training loop, about a minute on a 2-core machine.
-if not any(getattr(rule, "module_prefix", None) == "tf_keras" for rule in _autograph_config.CONVERSION_RULES):
-    _autograph_config.CONVERSION_RULES = (
-        _autograph_config.DoNotConvert("tf_keras"),
-        *_autograph_config.CONVERSION_RULES,
-    )
+skip_autograph_for_tf_keras()
 
 SERVING_OUTPUT = "probabilities"
-# Beside the SavedModel (Format-Serving) in a Model artifact: the bare Keras model over transformed features,
-# which the Optimizer fine-tunes and the Exporter converts.
-KERAS_MODEL_FILE = "keras/model.keras"
 
 
-def keras_model_path(model_uri: str) -> str:
-    return os.path.join(model_uri, KERAS_MODEL_FILE)
+def save_keras_model(model: tf.keras.Model, model_uri: str) -> str:
+    """Saves the Keras model beside the SavedModel of the Model artifact at `model_uri` (any file system); returns
+    its path. The file is written locally and copied: tf_keras 2.16 saves a gs:// path to a temporary file only."""
+    path = artifacts.keras_model_path(model_uri)
+    with tempfile.TemporaryDirectory(prefix="keras-") as folder:
+        local = os.path.join(folder, os.path.basename(path))
+        model.save(local)
+        artifacts.write_bytes(path, artifacts.read_bytes(local))
+    return path
 
 
 def load_keras_model(model_uri: str) -> tf.keras.Model:
     """The Keras model a Trainer or Optimizer wrote into the Model artifact at `model_uri`, uncompiled."""
-    path = keras_model_path(model_uri)
-    if not tf.io.gfile.exists(path):
+    path = artifacts.keras_model_path(model_uri)
+    if not artifacts.exists(path):
         raise FileNotFoundError(f"{path} is missing: the model was written by an older Trainer; run the pipeline "
                                 "again without the cache (--set enable_cache=false).")
-    return tf.keras.models.load_model(path, compile=False)
+    with tempfile.TemporaryDirectory(prefix="keras-") as folder:
+        local = os.path.join(folder, os.path.basename(path))
+        with open(local, "wb") as f:
+            f.write(artifacts.read_bytes(path))
+        return tf.keras.models.load_model(local, compile=False)
 
 
 def categorical_cardinalities(layout: FeatureLayout, tft_output: tft.TFTransformOutput) -> dict[str, int]:
     """Number of distinct ids each categorical input can take (vocabulary + OOV, or buckets + missing)."""
-    sizes = {transformed_name(k): layout.transform["bucket_count"] + 1 for k in layout.bucket}
+    sizes = {transformed_name(k): layout.transform.bucket_count + 1 for k in layout.bucket}
     for key in layout.vocab:
-        sizes[transformed_name(key)] = tft_output.vocabulary_size_by_name(key) + layout.transform["oov_buckets"]
+        sizes[transformed_name(key)] = tft_output.vocabulary_size_by_name(key) + layout.transform.oov_buckets
     return sizes
 
 
-def _learning_rate(training: dict[str, Any]) -> float | tf.keras.optimizers.schedules.LearningRateSchedule:
-    lr = training["learning_rate"]
-    if training["lr_schedule"] == "exponential":
-        return tf.keras.optimizers.schedules.ExponentialDecay(lr, training["decay_steps"], training["decay_rate"])
-    if training["lr_schedule"] == "cosine":
-        return tf.keras.optimizers.schedules.CosineDecay(lr, training["decay_steps"])
+def _learning_rate(training: TrainingConfig) -> float | tf.keras.optimizers.schedules.LearningRateSchedule:
+    lr = training.learning_rate
+    if training.lr_schedule == "exponential":
+        return tf.keras.optimizers.schedules.ExponentialDecay(lr, training.decay_steps, training.decay_rate)
+    if training.lr_schedule == "cosine":
+        return tf.keras.optimizers.schedules.CosineDecay(lr, training.decay_steps)
     return lr
 
 
-def make_optimizer(training: dict[str, Any]) -> tf.keras.optimizers.Optimizer:
+def make_optimizer(training: TrainingConfig) -> tf.keras.optimizers.Optimizer:
     lr = _learning_rate(training)
-    clip = {"clipnorm": training["clipnorm"]} if training["clipnorm"] else {}
-    if training["optimizer"] == "sgd":
-        return tf.keras.optimizers.SGD(learning_rate=lr, momentum=training["momentum"], **clip)
+    clip = {"clipnorm": training.clipnorm} if training.clipnorm else {}
+    if training.optimizer == "sgd":
+        return tf.keras.optimizers.SGD(learning_rate=lr, momentum=training.momentum, **clip)
     return tf.keras.optimizers.Adam(learning_rate=lr, **clip)
 
 
-def build_model(numeric: list[str], cardinalities: dict[str, int], training: dict[str, Any]) -> tf.keras.Model:
+def build_model(numeric: list[str], cardinalities: dict[str, int], training: TrainingConfig) -> tf.keras.Model:
     """A compiled binary classifier over transformed features: embeddings for ids, an MLP on top."""
     previous_policy = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy(training["mixed_precision"])
+    tf.keras.mixed_precision.set_global_policy(training.mixed_precision)
     try:
         inputs = {name: tf.keras.Input(shape=(1,), name=name, dtype=tf.float32) for name in numeric}
         parts = [tf.keras.layers.Concatenate(name="numeric")(list(inputs.values()))] if numeric else []
@@ -83,34 +88,34 @@ def build_model(numeric: list[str], cardinalities: dict[str, int], training: dic
             embedded = tf.keras.layers.Embedding(size, dim, name=f"{name}_embedding")(inputs[name])
             parts.append(tf.keras.layers.Flatten()(embedded))
         x = tf.keras.layers.Concatenate(name="features")(parts) if len(parts) > 1 else parts[0]
-        regularizer = tf.keras.regularizers.L2(training["l2"]) if training["l2"] else None
-        for i, units in enumerate(training["hidden_units"]):
+        regularizer = tf.keras.regularizers.L2(training.l2) if training.l2 else None
+        for i, units in enumerate(training.hidden_units):
             x = tf.keras.layers.Dense(units, kernel_regularizer=regularizer, name=f"dense_{i}")(x)
-            if training["batch_norm"]:
+            if training.batch_norm:
                 x = tf.keras.layers.BatchNormalization(name=f"batch_norm_{i}")(x)
-            x = tf.keras.layers.Activation(training["activation"], name=f"activation_{i}")(x)
-            if training["dropout"]:
-                x = tf.keras.layers.Dropout(training["dropout"], name=f"dropout_{i}")(x)
+            x = tf.keras.layers.Activation(training.activation, name=f"activation_{i}")(x)
+            if training.dropout:
+                x = tf.keras.layers.Dropout(training.dropout, name=f"dropout_{i}")(x)
         # The output stays float32 under mixed precision so that the sigmoid and the loss are stable.
         output = tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="output")(x)
         model = tf.keras.Model(inputs=inputs, outputs=output)
     finally:
         tf.keras.mixed_precision.set_global_policy(previous_policy)
     optimizer = make_optimizer(training)
-    if training["mixed_precision"] == "mixed_float16":
+    if training.mixed_precision == "mixed_float16":
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     model.compile(
         optimizer=optimizer,
         loss=tf.keras.losses.BinaryCrossentropy(),
         metrics=[tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryAccuracy(name="accuracy")],
-        jit_compile=training["jit_compile"],
+        jit_compile=training.jit_compile,
     )
     return model
 
 
 def input_fn(
     file_pattern: list[str],
-    data_accessor: DataAccessor,
+    data_accessor: tfx.components.DataAccessor,
     tft_output: tft.TFTransformOutput,
     label_key: str,
     batch_size: int,
@@ -255,50 +260,52 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
                      self._global_batch, seconds, self._examples / seconds)
 
 
-def apply_hyperparameters(training: dict[str, Any], hyperparameters: dict[str, Any] | None) -> dict[str, Any]:
+def apply_hyperparameters(training: TrainingConfig, hyperparameters: dict[str, Any] | None) -> TrainingConfig:
     """Training settings with the Tuner's best values (layer width, depth, learning rate) put in."""
     if not hyperparameters:
         return training
     import keras_tuner
 
     values = keras_tuner.HyperParameters.from_config(hyperparameters).values
-    tuned = dict(training)
-    tuned["hidden_units"] = [int(values["units"] * 0.5**i) or 1 for i in range(int(values["depth"]))]
-    tuned["learning_rate"] = float(values["learning_rate"])
-    return tuned
+    return dataclasses.replace(
+        training,
+        hidden_units=[int(values["units"] * 0.5**i) or 1 for i in range(int(values["depth"]))],
+        learning_rate=float(values["learning_rate"]),
+    )
 
 
-def run_fn(fn_args: FnArgs) -> None:
+def run_fn(fn_args: tfx.components.FnArgs) -> None:
     """TFX Trainer entry point; the same function runs in every worker of a multi-worker job.
 
     Only the chief writes the SavedModel and TensorBoard logs where TFX expects them; the other workers write
     theirs (saving runs collective ops, so every worker must save) to a temporary folder removed afterwards.
     """
-    layout = FeatureLayout(fn_args.custom_config)
-    training = apply_hyperparameters(fn_args.custom_config["training"], fn_args.hyperparameters)
+    layout = FeatureLayout.from_properties(fn_args.custom_config)
+    training = apply_hyperparameters(read_section(fn_args.custom_config, TRAINING_KEY, TrainingConfig),
+                                     fn_args.hyperparameters)
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
     # TF_CONFIG is MultiWorkerMirroredStrategy's contract (set by the local launcher or the training operator),
     # the one environment variable module code reads; absent, this process is the only worker and the chief.
     role = worker_role(os.environ.get("TF_CONFIG"))
     # The same seed everywhere: initial weights (the chief's are broadcast anyway) and, above all, the input order.
-    tf.keras.utils.set_random_seed(training["seed"])
+    tf.keras.utils.set_random_seed(training.seed)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     replicas = strategy.num_replicas_in_sync
-    global_batch = training["batch_size"]
+    global_batch = training.batch_size
     if global_batch % replicas:
         raise ValueError(f"training.batch_size ({global_batch}) is the global batch and must be a multiple of the "
                          f"{replicas} replicas; change training.batch_size or training.workers.")
     # The learning rate and the number of steps are those of the global batch, whatever the number of workers.
     logging.info("worker %d of %d (chief: %s): %d replicas, global batch %d, %d per replica", role.index,
                  role.workers, role.is_chief, replicas, global_batch, global_batch // replicas)
-    seed = training["seed"]
+    seed = training.seed
     train = input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch, seed=seed)
     evaluation = input_fn(
         fn_args.eval_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch, seed=seed
     )
     weights = None
-    if training["class_weights"]:
+    if training.class_weights:
         weights = class_weights(
             input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, 1024, num_epochs=1)
         )
@@ -310,20 +317,20 @@ def run_fn(fn_args: FnArgs) -> None:
         )
     model.summary(print_fn=logging.info)
 
-    scratch = None if role.is_chief else scratch_dir(fn_args.model_run_dir, role.index)
+    scratch = None if role.is_chief else artifacts.scratch_dir(fn_args.model_run_dir, role.index)
     try:
-        steps_per_epoch = min(training["steps_per_epoch"], fn_args.train_steps)
+        steps_per_epoch = min(training.steps_per_epoch, fn_args.train_steps)
         epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
         callbacks = [
             ThroughputLogger(global_batch, steps_per_epoch),
             # Every epoch end: a worker group that dies and restarts resumes from the last epoch, not from step 0.
             # All workers use the same folder; tf_keras lets only the chief write into it.
-            tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir(fn_args.model_run_dir)),
+            tf.keras.callbacks.BackupAndRestore(backup_dir=artifacts.backup_dir(fn_args.model_run_dir)),
             tf.keras.callbacks.EarlyStopping(
-                monitor="val_auc", mode="max", patience=training["early_stopping_patience"], restore_best_weights=True
+                monitor="val_auc", mode="max", patience=training.early_stopping_patience, restore_best_weights=True
             ),
             tf.keras.callbacks.TensorBoard(
-                log_dir=fn_args.model_run_dir if scratch is None else os.path.join(scratch, "tensorboard"),
+                log_dir=fn_args.model_run_dir if scratch is None else artifacts.join(scratch, "tensorboard"),
                 update_freq="epoch",
             ),
         ]
@@ -337,17 +344,14 @@ def run_fn(fn_args: FnArgs) -> None:
             callbacks=callbacks,
             verbose=2,
         )
-        export_dir = fn_args.serving_model_dir if scratch is None else os.path.join(scratch, "model")
+        export_dir = fn_args.serving_model_dir if scratch is None else artifacts.join(scratch, "model")
         export_serving_model(model, tft_output, layout, export_dir)
         # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it. Like the SavedModel,
         # every worker saves it (collective ops), the others into their scratch folder.
-        keras_path = keras_model_path(os.path.dirname(fn_args.serving_model_dir.rstrip("/")) if scratch is None
-                                      else scratch)
-        tf.io.gfile.makedirs(os.path.dirname(keras_path))
-        model.save(keras_path)
+        save_keras_model(model, artifacts.parent(fn_args.serving_model_dir) if scratch is None else scratch)
         if scratch is None:
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
-            shutil.rmtree(backup_dir(fn_args.model_run_dir), ignore_errors=True)
+            artifacts.remove_tree(artifacts.backup_dir(fn_args.model_run_dir))
     finally:
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            artifacts.remove_tree(scratch)

@@ -7,6 +7,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from components.features import FeatureLayout, transformed_name
+from pipeline.config import LabelConfig
 
 # The vocabulary file holding every analyzer result that is not a vocabulary itself (see record_constants).
 CONSTANTS_VOCABULARY = "transform_constants"
@@ -50,15 +51,15 @@ def _as_string(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor | tf.SparseTensor:
     return tf.strings.as_string(x)
 
 
-def compute_label(inputs: dict[str, Any], label: dict[str, Any]) -> tf.Tensor:
+def compute_label(inputs: dict[str, Any], label: LabelConfig) -> tf.Tensor:
     """The binary label as int64 [batch]: column > threshold * relative_to, or column == positive_value."""
-    if label["positive_value"]:
-        column, present = _dense_and_present(_as_string(inputs[label["column"]]), "")
-        return tf.cast(tf.logical_and(present, tf.equal(column, label["positive_value"])), tf.int64)
-    column, present = _dense_and_present(_as_float(inputs[label["column"]]), 0.0)
-    threshold = tf.constant(label["threshold"], tf.float32)
-    if label["relative_to"]:
-        base, base_present = _dense_and_present(_as_float(inputs[label["relative_to"]]), 0.0)
+    if label.positive_value:
+        column, present = _dense_and_present(_as_string(inputs[label.column]), "")
+        return tf.cast(tf.logical_and(present, tf.equal(column, label.positive_value)), tf.int64)
+    column, present = _dense_and_present(_as_float(inputs[label.column]), 0.0)
+    threshold = tf.constant(label.threshold, tf.float32)
+    if label.relative_to:
+        base, base_present = _dense_and_present(_as_float(inputs[label.relative_to]), 0.0)
         present = tf.logical_and(present, base_present)
         threshold = threshold * base
     return tf.cast(tf.logical_and(present, column > threshold), tf.int64)
@@ -91,7 +92,7 @@ def bucket_ids(x: tf.Tensor, boundaries: tf.Tensor) -> tf.Tensor:
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, tf.Tensor]:
     """Numeric: missing -> mean, then z-score. Coordinates: quantile buckets plus one bucket for missing.
     Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here."""
-    layout = FeatureLayout(custom_config)
+    layout = FeatureLayout.from_properties(custom_config)
     options = layout.transform
     outputs, constants = {}, {}
     for key in layout.numeric:
@@ -110,16 +111,16 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     for key in layout.bucket:
         x = _as_float(inputs[key])
         boundaries = tf.reshape(
-            tft.quantiles(_present_values(x), num_buckets=options["bucket_count"], epsilon=0.01), [-1]
+            tft.quantiles(_present_values(x), num_buckets=options.bucket_count, epsilon=0.01), [-1]
         )
         filled, present = _dense_and_present(x, 0.0)
         name = transformed_name(key)
-        outputs[name] = tf.where(present, bucket_ids(filled, boundaries), tf.cast(options["bucket_count"], tf.int64))
+        outputs[name] = tf.where(present, bucket_ids(filled, boundaries), tf.cast(options.bucket_count, tf.int64))
         constants[key] = boundaries
     for key in layout.vocab:
         filled, _ = _dense_and_present(_as_string(inputs[key]), "")
         outputs[transformed_name(key)] = tft.compute_and_apply_vocabulary(
-            filled, top_k=options["vocab_size"], num_oov_buckets=options["oov_buckets"], vocab_filename=key
+            filled, top_k=options.vocab_size, num_oov_buckets=options.oov_buckets, vocab_filename=key
         )
     outputs[layout.label_key] = compute_label(inputs, layout.label)
     if constants:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import keras_tuner
 import tensorflow as tf
 import tensorflow_transform as tft
-from tfx.components.trainer.fn_args_utils import FnArgs
-from tfx.components.tuner.component import TunerFnResult
+from tfx import v1 as tfx
 
 from components.features import FeatureLayout, transformed_name
 from components.model import apply_hyperparameters, build_model, categorical_cardinalities, input_fn
+from components.specs import TRAINING_KEY, TUNER_KEY
+from pipeline.config import TrainingConfig, TunerConfig, read_section
 
 
 def search_space() -> keras_tuner.HyperParameters:
@@ -19,16 +20,16 @@ def search_space() -> keras_tuner.HyperParameters:
     return hp
 
 
-def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
+def tuner_fn(fn_args: tfx.components.FnArgs) -> tfx.components.TunerFnResult:
     """TFX Tuner entry point; the best hyperparameters go to the Trainer through `apply_hyperparameters`."""
-    layout = FeatureLayout(fn_args.custom_config)
-    training = fn_args.custom_config["training"]
-    settings = fn_args.custom_config["tuner"]
+    layout = FeatureLayout.from_properties(fn_args.custom_config)
+    training = read_section(fn_args.custom_config, TRAINING_KEY, TrainingConfig)
+    settings = read_section(fn_args.custom_config, TUNER_KEY, TunerConfig)
     tft_output = tft.TFTransformOutput(fn_args.transform_graph_path)
     numeric = [transformed_name(k) for k in layout.numeric]
     cardinalities = categorical_cardinalities(layout, tft_output)
 
-    tf.keras.utils.set_random_seed(training["seed"])
+    tf.keras.utils.set_random_seed(training.seed)
 
     def build(hp: keras_tuner.HyperParameters):
         return build_model(numeric, cardinalities, apply_hyperparameters(training, hp.get_config()))
@@ -37,18 +38,18 @@ def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
         hypermodel=build,
         hyperparameters=search_space(),
         objective=keras_tuner.Objective("val_auc", "max"),
-        max_trials=settings["max_trials"],
+        max_trials=settings.max_trials,
         directory=fn_args.working_dir,
         project_name="search",
         overwrite=True,
-        seed=training["seed"],
+        seed=training.seed,
     )
-    if settings["algorithm"] == "bayesian":
+    if settings.algorithm == "bayesian":
         tuner = keras_tuner.BayesianOptimization(**common)
     else:
         tuner = keras_tuner.RandomSearch(**common)
-    batch = training["batch_size"]
-    return TunerFnResult(
+    batch = training.batch_size
+    return tfx.components.TunerFnResult(
         tuner=tuner,
         fit_kwargs={
             "x": input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, batch),

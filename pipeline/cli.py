@@ -5,6 +5,7 @@ import argparse
 import gc
 import os
 import sys
+import time
 import warnings
 
 from pipeline.config import ConfigError, load_config
@@ -27,7 +28,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     try:
-        summary = run_local(config)
+        summary = run_local(config, data_only=args.data_only)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -37,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.serve_after:
+    if args.serve_after and not args.data_only:
         if not summary.pushed_path:
             print("nothing was published (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
             return 1
@@ -69,6 +70,58 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile(args: argparse.Namespace) -> int:
+    from pipeline.kubeflow import KubeflowError, compile_pipeline
+
+    config = load_config(args.config, args.overrides)
+    try:
+        compiled = compile_pipeline(config, args.output)
+    except (KubeflowError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in compiled.notes:
+        print(f"note: {note}")
+    print(f"compiled {len(compiled.tasks)} tasks to {compiled.path}\n  image          {compiled.image}\n"
+          f"  pipeline root  {compiled.pipeline_root}")
+    for name, value in compiled.parameters.items():
+        print(f"  parameter      {name} = {value}")
+    for task, upstream in compiled.tasks.items():
+        print(f"  task           {task}" + (f" <- {', '.join(upstream)}" if upstream else ""))
+    return 0
+
+
+def _parameters(pairs: list[str]) -> dict[str, str]:
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--param '{pair}' must look like NAME=VALUE, for example data_root=gs://bucket/csv.")
+        values[name] = value
+    return values
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
+
+    config = load_config(args.config, args.overrides)
+    arguments = _parameters(args.params)
+    try:
+        package = args.package or compile_to_temporary(config)
+        run_id, link = submit(package, args.host or config.kubeflow.host, config.kubeflow.experiment,
+                              args.run_name or f"{config.name} {time.strftime('%Y-%m-%d %H-%M-%S')}", arguments,
+                              config.kubeflow.namespace)
+    except KubeflowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (the KFP client raises urllib3, ApiException and ValueError alike)
+        reason = getattr(e, "reason", None) or str(e).splitlines()[0]
+        print(f"error: the KFP API at {args.host or config.kubeflow.host} did not take the run: {reason}",
+              file=sys.stderr)
+        return 1
+    print(f"submitted run {run_id}\n  {link}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlops", description="TFX pipeline from CSV to TF Serving.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(run)
     run.add_argument("--serve-after", action="store_true",
                      help="then serve the pushed model and print one REST and one gRPC prediction for an eval row")
+    run.add_argument("--data-only", action="store_true",
+                     help="run the data stages only: ExampleGen, StatisticsGen, validation and Transform")
     run.set_defaults(handler=_run)
     serving_cli.register(commands)
     rollout_cli.register(commands, _add_config_args)
@@ -85,6 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--workers", type=int, help="number of workers (default: training.workers)")
     train.set_defaults(handler=_train)
+    compile_ = commands.add_parser("compile", help="compile the pipeline for Kubeflow Pipelines V2")
+    compile_.add_argument("target", choices=["kubeflow"])
+    _add_config_args(compile_)
+    compile_.add_argument("--output", required=True,
+                          help="pipeline.yaml (open-source Kubeflow Pipelines 2.x) or pipeline.json (Vertex AI)")
+    compile_.set_defaults(handler=_compile)
+    submit = commands.add_parser("submit", help="start a run on Kubeflow Pipelines and print its link")
+    submit.add_argument("target", choices=["kubeflow"])
+    _add_config_args(submit)
+    submit.add_argument("--host", help="the KFP API, e.g. http://localhost:8080 (default: kubeflow.host)")
+    submit.add_argument("--package", help="a pipeline.yaml from mlops compile kubeflow (default: compile now)")
+    submit.add_argument("--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
+                        help="a runtime parameter: data_root=gs://bucket/csv or train_args='{\"num_steps\": 500}'")
+    submit.add_argument("--run-name", help="the run's name (default: pipeline name and time)")
+    submit.set_defaults(handler=_submit)
     return parser
 
 

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import posixpath
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -50,6 +53,9 @@ class TransformConfig:
     # Ids for values outside the vocabulary. With 1, every unseen value gets id vocab_size and each runtime can
     # reproduce it; more buckets spread unseen values by a FarmHash only TensorFlow computes (SavedModel only).
     oov_buckets: int = 1
+    # TFX's pre- and post-transform statistics and anomalies beside the Transform output (two more TFDV passes over
+    # the data; nothing in the pipeline reads them, a person may).
+    statistics: bool = True
 
 
 @dataclass
@@ -130,13 +136,20 @@ class TunerConfig:
     eval_steps: int = 50
 
 
+BASELINES = ("previous_blessed", "latest_blessed", "none")
+
+
 @dataclass
 class EvaluationConfig:
     slice_feature: str = ""
     # The candidate is blessed only when its eval AUC is at least this ...
     min_auc: float = 0.6
-    # ... and no more than this below the last blessed model's AUC.
+    # ... and no more than this below the baseline model's AUC.
     max_auc_drop: float = 0.01
+    # The baseline: previous_blessed, the newest blessed model other than the candidate (a cached re-run compares
+    # with what the first run compared with); latest_blessed, TFX's LatestBlessedModelStrategy, the only form
+    # Vertex AI Pipelines runs; none, no comparison (min_auc only), as open-source KFP v2 runs no resolver.
+    baseline: Literal["previous_blessed", "latest_blessed", "none"] = "previous_blessed"
 
 
 @dataclass
@@ -184,6 +197,9 @@ class ExportConfig:
     onnx_opset: int = 17
     # Rows of the training split int8 quantization calibrates its ranges on.
     representative_rows: int = 1000
+
+
+BEAM_RUNNERS = ("DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner")
 
 
 @dataclass
@@ -281,9 +297,51 @@ class RolloutConfig:
 
 @dataclass
 class BeamConfig:
+    """The Beam runner of the data stages (ExampleGen, StatisticsGen, Transform, Evaluator); pipeline/beam.py turns
+    it into beam_pipeline_args. Each runner's keys are grouped below; README, "Beam at scale", says what to supply."""
+    runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner"] = "DirectRunner"
+    # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU.
     direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "multi_processing"
-    # 0 means one worker per CPU.
     direct_num_workers: int = 0
+    # PortableRunner: a Beam job service (host:port), such as Flink's or Spark's job server, or Beam's own.
+    job_endpoint: str = ""
+    # FlinkRunner: the Flink REST endpoint (host:8081); SparkRunner: the Spark master (spark://host:7077).
+    flink_master: str = ""
+    spark_master_url: str = ""
+    # Portable runners (Portable, Flink, Spark): where the Python SDK workers run. DOCKER: a container of
+    # environment_config (an image with Beam 2.61 and requirements.lock); EXTERNAL: a worker pool at
+    # environment_config (host:port); PROCESS: a command; LOOPBACK: this process (tests only).
+    environment_type: Literal["DOCKER", "EXTERNAL", "PROCESS", "LOOPBACK"] = "DOCKER"
+    environment_config: str = ""
+    # Flink and Spark parallelism (0: the runner's default).
+    parallelism: int = 0
+    # DataflowRunner: the Google Cloud project and region, a gs:// folder for temporary and staged files, and the
+    # SDK container image (empty: Dataflow's own, which installs the project from setup.py).
+    project: str = ""
+    region: str = ""
+    temp_location: str = ""
+    sdk_container_image: str = ""
+    # Any other Beam option, passed as written, after the ones above (for example --max_num_workers=20).
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KubeflowConfig:
+    """`mlops compile kubeflow` and `mlops submit kubeflow`: the same DAG on Kubeflow Pipelines V2 (README)."""
+    # The project's image (the Dockerfile at the repository root), pushed where the cluster pulls it; every
+    # component runs in it. Tag it per build: KFP's cache keys on the image.
+    image: str = "tfx-mlops:latest"
+    # Where runs on the cluster write, as output_root does locally: <output_root>/pipelines/<name> (the pipeline
+    # root) and <output_root>/serving/<model_name> (published versions). A bucket the cluster writes, such as
+    # gs://bucket/tfx-mlops or s3://bucket/tfx-mlops (minio:// for a MinIO that KFP ships).
+    output_root: str = ""
+    # The CSV folder as the cluster reads it (a URI); empty: the Chicago taxi sample inside the image.
+    data_path: str = ""
+    # mlops submit kubeflow: the KFP API (overridden by --host), the experiment and the user namespace of a
+    # multi-user deployment (empty for a single-user one).
+    host: str = ""
+    experiment: str = "tfx-mlops"
+    namespace: str = ""
 
 
 @dataclass
@@ -291,8 +349,11 @@ class PipelineConfig:
     name: str = "pipeline"
     # Name of the served model: <output_root>/serving/<model_name>/<version>/.
     model_name: str = "model"
-    # Everything the pipeline writes lands below this folder.
+    # Everything the pipeline writes lands below this folder ...
     output_root: str = "outputs"
+    # ... except the artifacts, when this is set: a folder or a URI that TensorFlow and Beam both write (gs://bucket
+    # /path). Empty: <output_root>/pipelines. ML Metadata's SQLite database stays below output_root.
+    artifact_root: str = ""
     # Curated schema; a relative path is looked up beside the config file.
     schema_path: str = ""
     enable_cache: bool = True
@@ -306,6 +367,7 @@ class PipelineConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
 
     @property
     def features(self) -> list[str]:
@@ -313,7 +375,8 @@ class PipelineConfig:
 
     @property
     def pipeline_root(self) -> str:
-        return os.path.join(self.output_root, "pipelines", self.name)
+        """Where TFX writes this pipeline's artifacts: a local folder or a URI."""
+        return posixpath.join(self.artifact_root or os.path.join(self.output_root, "pipelines"), self.name)
 
     @property
     def metadata_path(self) -> str:
@@ -328,28 +391,45 @@ class PipelineConfig:
     def serving_dir(self) -> str:
         return os.path.join(self.serving_base_dir, self.model_name)
 
-    def module_config(self) -> dict[str, Any]:
-        """The plain dict the module code (preprocessing_fn, run_fn, tuner_fn) receives as custom_config."""
-        return {
-            "features": {
-                "numeric": list(self.data.numeric_features),
-                "bucket": list(self.data.bucket_features),
-                "vocab": list(self.data.vocab_features),
-            },
-            "label": dataclasses.asdict(self.label),
-            "transform": dataclasses.asdict(self.transform),
-            "training": self._training_settings(),
-            "tuner": dataclasses.asdict(self.tuner),
-            "optimize": dataclasses.asdict(self.optimize),
-            "export": dataclasses.asdict(self.export),
-        }
+    def resolved_training(self) -> TrainingConfig:
+        """The training section as the Trainer receives it: a TFJob mounts the pipeline root where this machine
+        sees it unless training.tfjob.mount_path says otherwise."""
+        if self.training.backend != "tfjob" or self.training.tfjob.mount_path:
+            return self.training
+        tfjob = dataclasses.replace(self.training.tfjob, mount_path=os.path.abspath(self.output_root))
+        return dataclasses.replace(self.training, tfjob=tfjob)
 
-    def _training_settings(self) -> dict[str, Any]:
-        training = dataclasses.asdict(self.training)
-        if self.training.backend == "tfjob" and not self.training.tfjob.mount_path:
-            # The pods mount the pipeline root's volume where this machine sees it, so artifact paths match.
-            training["tfjob"]["mount_path"] = os.path.abspath(self.output_root)
-        return training
+    def sections(self, *names: str) -> dict[str, Any]:
+        """The named sections as plain values, the form they cross a component boundary in (`read_section` turns
+        each back into its dataclass). Each component gets only the sections it reads, so that editing a later
+        stage's settings keeps the earlier stages cached."""
+        values = {}
+        for name in names:
+            section = self.resolved_training() if name == "training" else getattr(self, name)
+            if not dataclasses.is_dataclass(section):
+                raise KeyError(f"'{name}' is not a config section; sections are {', '.join(SECTION_TYPES)}.")
+            values[name] = dataclasses.asdict(section)
+        return values
+
+
+T = TypeVar("T")
+# Section name -> its dataclass: what `sections` writes and `read_section` reads back.
+SECTION_TYPES: dict[str, type] = {
+    name: tp for name, tp in typing.get_type_hints(PipelineConfig).items() if dataclasses.is_dataclass(tp)
+}
+
+
+def read_section(properties: Mapping[str, Any], name: str, cls: type[T]) -> T:
+    """The typed section `name` from a component's properties or custom_config (a dict or its JSON), validated as
+    the YAML is; raises ConfigError naming the key when it is missing or malformed."""
+    if name not in properties or properties[name] is None:
+        raise ConfigError(f"the component received no '{name}' section; build the pipeline with create_pipeline.")
+    value = properties[name]
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config section '{name}' must be a mapping, got {type(value).__name__}.")
+    return _build(cls, dict(value), f"{name}.")
 
 
 def _type_name(tp: Any) -> str:
@@ -490,6 +570,7 @@ def _validate(config: PipelineConfig) -> None:
         raise ConfigError("training.dropout must be in [0, 1).")
     _validate_optimize_and_export(config)
     _validate_rollout(config.rollout)
+    _validate_beam(config.beam)
     if not config.schema_path:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):
@@ -523,6 +604,27 @@ def _validate_optimize_and_export(config: PipelineConfig) -> None:
         raise ConfigError(f"transform.oov_buckets is {config.transform.oov_buckets}, but TFLite, ONNX and TF.js "
                           "cannot reproduce TensorFlow's hashing of unseen values into several buckets; set "
                           "transform.oov_buckets=1, or export.formats=[saved_model].")
+
+
+def _validate_beam(beam: BeamConfig) -> None:
+    required = {
+        "PortableRunner": ["job_endpoint"],
+        "FlinkRunner": ["flink_master"],
+        "SparkRunner": ["spark_master_url"],
+        "DataflowRunner": ["project", "region", "temp_location"],
+    }.get(beam.runner, [])
+    missing = [f"beam.{key}" for key in required if not getattr(beam, key)]
+    if missing:
+        raise ConfigError(f"beam.runner {beam.runner} needs {' and '.join(missing)}; set them in the config or with "
+                          "--set (README, \"Beam at scale\").")
+    portable = beam.runner in ("PortableRunner", "FlinkRunner", "SparkRunner")
+    if portable and beam.environment_type in ("DOCKER", "EXTERNAL", "PROCESS") and not beam.environment_config:
+        raise ConfigError(f"beam.environment_type {beam.environment_type} needs beam.environment_config: the SDK "
+                          "image (DOCKER), the worker pool's host:port (EXTERNAL) or the boot command (PROCESS).")
+    if beam.runner == "DataflowRunner" and not beam.temp_location.startswith("gs://"):
+        raise ConfigError(f"beam.temp_location must be a gs:// folder for Dataflow; got {beam.temp_location!r}.")
+    if beam.parallelism < 0 or beam.direct_num_workers < 0:
+        raise ConfigError("beam.parallelism and beam.direct_num_workers must be 0 or more.")
 
 
 def _validate_distribution(config: PipelineConfig) -> None:

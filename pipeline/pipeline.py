@@ -2,37 +2,57 @@
 from __future__ import annotations
 
 import hashlib
-import os
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 from tfx.dsl.components.base import executor_spec
 
-from components.baseline import PreviousBlessedModelStrategy
+from components import artifacts
+from components.baseline import baseline_resolver
 from components.distributed.executor import DistributedTrainerExecutor
 from components.exporter.component import Exporter
 from components.gates.component import DataValidationGate
 from components.optimizer.component import Optimizer
 from components.publisher.component import Publisher
+from components.specs import (
+    CODE_FINGERPRINT_KEY,
+    EXPORTER_SECTIONS,
+    FEATURE_SECTIONS,
+    OPTIMIZED_MODEL_KEY,
+    OPTIMIZER_SECTIONS,
+    TRAINER_SECTIONS,
+)
+from pipeline.beam import beam_pipeline_args
 from pipeline.config import PipelineConfig
 from pipeline.data import resolve_data_dir
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
 TUNER_FN = "components.tuner.tuner_fn"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Runtime parameters of the pipeline: a KFP run can set them without compiling again; local runs use the defaults.
+DATA_ROOT_PARAMETER = "data_root"
+TRAIN_ARGS_PARAMETER = "train_args"
+# Node ids that other code looks up in ML Metadata or wires channels by.
+TRANSFORM_NODE = "Transform"
+OPTIMIZER_NODE = "Optimizer"
+EVALUATOR_NODE = "Evaluator"
 
 
 def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     """TFMA: the metrics a person reads, overall and per slice, and the two thresholds that bless a model."""
     auc_threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.evaluation.min_auc}),
+        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.evaluation.min_auc}))
+    if config.evaluation.baseline != "none":
         # Ignored on the first run, when no blessed baseline exists yet.
-        change_threshold=tfma.GenericChangeThreshold(
+        auc_threshold.change_threshold.CopyFrom(tfma.GenericChangeThreshold(
             direction=tfma.MetricDirection.HIGHER_IS_BETTER,
             absolute={"value": -config.evaluation.max_auc_drop},
-        ),
-    )
+        ))
     slicing = [tfma.SlicingSpec()]
     if config.evaluation.slice_feature:
         slicing.append(tfma.SlicingSpec(feature_keys=[config.evaluation.slice_feature]))
@@ -70,40 +90,80 @@ def code_fingerprint() -> str:
     """Hash of the module code that Transform, Tuner and Trainer load by name, so that editing it
     invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
     digest = hashlib.sha256()
-    for path in sorted((Path(__file__).parent.parent / "components").rglob("*.py")):
+    for path in sorted((REPO_ROOT / "components").rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def staged_schema(config: PipelineConfig) -> str:
-    """Copies the curated schema to a path named by its content: ImportSchemaGen's cache keys on the path,
-    so an edited schema must arrive under a new one."""
+    """Copies the curated schema below the pipeline root (any file system), to a path named by its content:
+    ImportSchemaGen's cache keys on the path, so an edited schema must arrive under a new one."""
     content = Path(config.schema_path).read_bytes()
-    target = Path(config.pipeline_root, "_schemas", hashlib.sha256(content).hexdigest()[:16], "schema.pbtxt")
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    return str(target.resolve())
+    target = artifacts.join(artifacts.absolute(config.pipeline_root), artifacts.STAGED_SCHEMAS_DIR,
+                            hashlib.sha256(content).hexdigest()[:16], "schema.pbtxt")
+    if not artifacts.exists(target):
+        artifacts.write_bytes(target, content)
+    return target
 
 
-def beam_args(config: PipelineConfig) -> list[str]:
-    return [
-        f"--direct_running_mode={config.beam.direct_running_mode}",
-        f"--direct_num_workers={config.beam.direct_num_workers}",
-        # Names this project as the code Beam workers need. Without a dependency flag TFX builds an sdist
-        # of itself before every Beam stage (seconds each), which the local DirectRunner never reads.
-        f"--setup_file={Path(__file__).resolve().parent.parent / 'setup.py'}",
-    ]
+def module_custom_config(config: PipelineConfig, *sections: str) -> dict[str, Any]:
+    """The custom_config of a standard component: the named config sections and the module code's fingerprint."""
+    return {**config.sections(*sections), CODE_FINGERPRINT_KEY: code_fingerprint()}
 
 
-def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
-    """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines."""
-    full_config = {**config.module_config(), "code_fingerprint": code_fingerprint()}
-    # Each component gets the sections it reads, so that editing a later stage's settings keeps earlier ones cached.
-    transform_config = {k: full_config[k] for k in ("features", "label", "transform", "code_fingerprint")}
-    module_config = {k: v for k, v in full_config.items() if k not in ("optimize", "export")}
+def trainer_custom_config(config: PipelineConfig) -> dict[str, Any]:
+    """What the Trainer's and the Tuner's module code receives (and `mlops train` hands its workers)."""
+    return module_custom_config(config, *TRAINER_SECTIONS)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where the pipeline's code runs: this checkout (local runs) or the project image (Kubeflow)."""
+
+    # The repository as the components see it: setup.py for Beam's workers, the curated schema.
+    project_root: str
+    # Local runs keep ML Metadata in the SQLite file and stage the schema below the pipeline root; on a cluster the
+    # orchestrator keeps the metadata and the image carries the schema.
+    local: bool
+
+
+LOCAL = Deployment(project_root=str(REPO_ROOT), local=True)
+
+
+def beam_args(config: PipelineConfig, deployment: Deployment = LOCAL) -> list[str]:
+    return beam_pipeline_args(config.beam, artifacts.join(deployment.project_root, "setup.py"))
+
+
+def schema_file(config: PipelineConfig, deployment: Deployment) -> str:
+    """The schema ImportSchemaGen reads: staged below the pipeline root locally, inside the image on a cluster."""
+    if deployment.local:
+        return staged_schema(config)
+    schema = Path(config.schema_path).resolve()
+    if not schema.is_relative_to(REPO_ROOT):
+        raise ValueError(f"schema_path {schema} is outside the repository, so the project image does not carry it; "
+                         "put the curated schema in the repository (pipeline/configs/) and build the image again.")
+    return artifacts.join(deployment.project_root, schema.relative_to(REPO_ROOT).as_posix())
+
+
+def data_root(config: PipelineConfig) -> str:
+    """The CSV folder ExampleGen reads: a URI as given, a local folder made absolute, or the embedded sample."""
+    return config.data.path if artifacts.is_uri(config.data.path) else str(resolve_data_dir(config.data.path))
+
+
+def create_pipeline(
+    config: PipelineConfig, deployment: Deployment = LOCAL, data_only: bool = False
+) -> tfx.dsl.Pipeline:
+    """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines.
+
+    Each component gets the config sections it reads (components/specs.py), so that editing a later stage's
+    settings keeps the earlier stages cached. `data_only` stops after Transform: the data stages, whose cost grows
+    with the data and which the Beam runner runs.
+    """
+    fingerprint = code_fingerprint()
+    trainer_config = trainer_custom_config(config)
     example_gen = tfx.components.CsvExampleGen(
-        input_base=str(resolve_data_dir(config.data.path)),
+        input_base=tfx.dsl.experimental.RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str,
+                                                         default=data_root(config)),
         input_config=tfx.proto.Input(splits=[tfx.proto.Input.Split(name="single_split", pattern="*.csv")]),
         output_config=tfx.proto.Output(
             split_config=tfx.proto.SplitConfig(
@@ -115,7 +175,7 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         ),
     )
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.ImportSchemaGen(schema_file=staged_schema(config))
+    schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_file(config, deployment))
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
@@ -124,10 +184,13 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
-        custom_config=transform_config,
-    )
+        custom_config=module_custom_config(config, *FEATURE_SECTIONS),
+        disable_statistics=not config.transform.statistics,
+    ).with_id(TRANSFORM_NODE)
     transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]
+    if data_only:
+        return _pipeline(config, deployment, components)
 
     hyperparameters = None
     if config.tuner.enabled:
@@ -137,7 +200,7 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
             transform_graph=transform.outputs["transform_graph"],
             train_args=tfx.proto.TrainArgs(num_steps=config.tuner.train_steps),
             eval_args=tfx.proto.EvalArgs(num_steps=config.tuner.eval_steps),
-            custom_config=module_config,
+            custom_config=trainer_config,
         )
         components.append(tuner)
         hyperparameters = tuner.outputs["best_hyperparameters"]
@@ -148,9 +211,11 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
         hyperparameters=hyperparameters,
-        train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
+        # A TrainArgs proto as JSON, so that a KFP run can change the number of steps.
+        train_args=tfx.dsl.experimental.RuntimeParameter(
+            name=TRAIN_ARGS_PARAMETER, ptype=str, default=json.dumps({"num_steps": config.training.train_steps})),
         eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps),
-        custom_config=module_config,
+        custom_config=trainer_config,
         # TFX's own executor for one local worker; N worker processes or a TFJob otherwise.
         custom_executor_spec=executor_spec.ExecutorClassSpec(DistributedTrainerExecutor),
     )
@@ -159,44 +224,48 @@ def create_pipeline(config: PipelineConfig) -> tfx.dsl.Pipeline:
         model=trainer.outputs["model"],
         transform_graph=transform.outputs["transform_graph"],
         examples=transform.outputs["transformed_examples"],
-        custom_config={**module_config, "optimize": full_config["optimize"]},
-    ).with_id("Optimizer")
-    model_resolver = tfx.dsl.Resolver(
-        strategy_class=PreviousBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-        candidate=optimizer.outputs["optimized_model"],
-    ).with_id("BaselineModelResolver")
+        sections=config.sections(*OPTIMIZER_SECTIONS),
+        code_fingerprint=fingerprint,
+    ).with_id(OPTIMIZER_NODE)
+    model_resolver = baseline_resolver(config.evaluation.baseline, OPTIMIZER_NODE, OPTIMIZED_MODEL_KEY,
+                                       EVALUATOR_NODE)
+    if model_resolver is not None:
+        # The resolver must run after this run's candidate exists: it leaves that model out of the baselines.
+        model_resolver.add_upstream_node(optimizer)
     evaluator = tfx.components.Evaluator(
         examples=example_gen.outputs["examples"],
-        model=optimizer.outputs["optimized_model"],
-        baseline_model=model_resolver.outputs["model"],
+        model=optimizer.outputs[OPTIMIZED_MODEL_KEY],
+        baseline_model=model_resolver.outputs["model"] if model_resolver else None,
         eval_config=eval_config(config),
-    )
+    ).with_id(EVALUATOR_NODE)
     # The gate between the blessing and the push: every format, verified against the SavedModel.
     exporter = Exporter(
         model=optimizer.outputs["optimized_model"],
         model_blessing=evaluator.outputs["blessing"],
         transform_graph=transform.outputs["transform_graph"],
         examples=example_gen.outputs["examples"],
-        custom_config={**module_config, "export": full_config["export"]},
+        sections=config.sections(*EXPORTER_SECTIONS),
+        code_fingerprint=fingerprint,
     ).with_id("Exporter")
     # The next integer version of the model repository; publishing routes no traffic (`mlops rollout` does).
     publisher = Publisher(
         model=exporter.outputs["exported_model"],
         model_blessing=evaluator.outputs["blessing"],
-        serving_base_dir=os.path.abspath(config.serving_base_dir),
+        serving_base_dir=artifacts.absolute(config.serving_base_dir),
         model_name=config.model_name,
     ).with_id("Publisher")
-    components += [trainer, optimizer, model_resolver, evaluator, exporter, publisher]
+    components += [trainer, optimizer, *([model_resolver] if model_resolver else []), evaluator, exporter, publisher]
+    return _pipeline(config, deployment, components)
 
+
+def _pipeline(config: PipelineConfig, deployment: Deployment, components: list[Any]) -> tfx.dsl.Pipeline:
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,
-        pipeline_root=os.path.abspath(config.pipeline_root),
+        pipeline_root=artifacts.absolute(config.pipeline_root),
         components=components,
         enable_cache=config.enable_cache,
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            os.path.abspath(config.metadata_path)
-        ),
-        beam_pipeline_args=beam_args(config),
+            artifacts.absolute(config.metadata_path)
+        ) if deployment.local else None,
+        beam_pipeline_args=beam_args(config, deployment),
     )

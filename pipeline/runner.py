@@ -59,30 +59,37 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
                 lg.addHandler(handler)
 
 
-def run_local(config: PipelineConfig, out: TextIO = sys.stdout) -> RunSummary:
-    """Checks the data, runs every stage with progress on `out`, and returns what the run produced.
+def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool = False) -> RunSummary:
+    """Checks the data, runs every stage (only ExampleGen to Transform when `data_only`) with progress on `out`,
+    and returns what the run produced.
 
     Raises DataError (bad folder or CSV), DataValidationError (schema anomalies) or PipelineError.
     """
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
+    from components import artifacts
     from components.gates.anomalies import DataValidationError
     from pipeline.pipeline import create_pipeline
 
-    data_dir = resolve_data_dir(config.data.path)
-    files = check_csv_folder(data_dir)
+    if artifacts.is_uri(config.data.path):
+        # ExampleGen reads it through Beam; a bad file fails that stage with its name.
+        source = f"CSV files from {config.data.path}"
+    else:
+        data_dir = resolve_data_dir(config.data.path)
+        source = f"{len(check_csv_folder(data_dir))} CSV file(s) from {data_dir}"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = os.path.join(config.output_root, "logs")
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.abspath(os.path.join(log_dir, f"{config.name}-{stamp}.log"))
-    print(f"pipeline '{config.name}': {len(files)} CSV file(s) from {data_dir}", file=out)
+    print(f"pipeline '{config.name}': {source}", file=out)
     print(f"outputs under {os.path.abspath(config.output_root)}; full log {log_path}", file=out, flush=True)
 
     progress = None
     try:
         with _logs_to_file(log_path):
-            tfx_pipeline = create_pipeline(config)
-            progress = StageProgress([c.id for c in tfx_pipeline.components], out)
+            tfx_pipeline = create_pipeline(config, data_only=data_only)
+            stages = [node.id for node in tfx_pipeline.components]
+            progress = StageProgress(stages, out, os.path.abspath(config.metadata_path), config.name)
             with progress.track():
                 LocalDagRunner().run(tfx_pipeline)
     except Exception as error:
@@ -101,7 +108,10 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout) -> RunSummary:
     summary.elapsed_seconds = round(progress.elapsed(), 2)
     report_dir = os.path.join(config.output_root, "runs", summary.run_id)
     json_path, html_path = write_report(summary, report_dir)
-    _print_summary(summary, json_path, html_path, out)
+    if data_only:
+        print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
+    else:
+        _print_summary(summary, json_path, html_path, out)
     return summary
 
 
@@ -140,17 +150,18 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
 
 def first_eval_row(config: PipelineConfig) -> dict[str, object]:
     """The first row of the newest eval split as {column: value}, '' where the CSV cell was empty."""
-    import glob
-
     import tensorflow as tf
 
-    splits = sorted(glob.glob(os.path.join(config.pipeline_root, "CsvExampleGen", "examples", "*", "Split-eval")),
-                    key=lambda p: int(p.split(os.sep)[-2]))
-    if not splits:
-        raise PipelineError(f"no eval split under {config.pipeline_root}; run the pipeline first.")
-    files = sorted(glob.glob(os.path.join(splits[-1], "*.gz")))
-    record = next(iter(tf.data.TFRecordDataset(files[:1], compression_type="GZIP")))
-    example = tf.train.Example.FromString(record.numpy())
+    from components import artifacts
+    from pipeline import metadata
+
+    try:
+        store = metadata.connect(os.path.abspath(config.metadata_path))
+        split = metadata.latest_split(store, config.name, "CsvExampleGen", "examples", "eval")
+    except metadata.NoRecordError as error:
+        raise PipelineError(str(error)) from None
+    [record] = artifacts.read_records(split, limit=1)
+    example = tf.train.Example.FromString(record)
     row: dict[str, object] = {}
     for name, feature in example.features.feature.items():
         values = getattr(feature, feature.WhichOneof("kind") or "bytes_list").value

@@ -7,10 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2
-
-OUTPUT_EVENTS = (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT)
+from pipeline import metadata
 
 
 @dataclass
@@ -34,13 +31,6 @@ class RunSummary:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
-
-
-def _store(metadata_path: str) -> metadata_store.MetadataStore:
-    config = metadata_store_pb2.ConnectionConfig()
-    config.sqlite.filename_uri = metadata_path
-    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
-    return metadata_store.MetadataStore(config)
 
 
 def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -74,47 +64,36 @@ def read_evaluation(uri: str) -> tuple[dict[str, float], dict[str, dict[str, flo
 
 def latest_run(metadata_path: str, pipeline_name: str) -> RunSummary:
     """Summary of the newest run of `pipeline_name` recorded in the MLMD database."""
-    store = _store(metadata_path)
-    runs = store.get_contexts_by_type("pipeline_run")
-    if not runs:
-        raise LookupError(f"no run of pipeline '{pipeline_name}' is recorded in {metadata_path}.")
-    run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
+    store = metadata.connect(metadata_path)
+    run = metadata.latest_run(store, pipeline_name)
     summary = RunSummary(run_id=run.name)
-    executions = store.get_executions_by_context(run.id)
-    events = store.get_events_by_execution_ids([e.id for e in executions])
-    artifact_ids = [e.artifact_id for e in events if e.type in OUTPUT_EVENTS]
-    types = {t.id: t.name for t in store.get_artifact_types()}
-    for artifact in store.get_artifacts_by_id(artifact_ids):
-        kind = types.get(artifact.type_id)
-        props = artifact.custom_properties
-        if kind == "ModelEvaluation":
+    for output in metadata.run_outputs(store, run, pipeline_name):
+        artifact, props = output.artifact, output.artifact.custom_properties
+        if output.type_name == "ModelEvaluation":
             summary.evaluation_path = artifact.uri
             summary.metrics, summary.slices = read_evaluation(artifact.uri)
-        elif kind == "ModelBlessing":
+        elif output.type_name == "ModelBlessing":
             summary.blessed = bool(props["blessed"].int_value) if "blessed" in props else None
-        elif kind == "PushedModel":
+        elif output.type_name == "PushedModel":
             if "pushed" in props and props["pushed"].int_value:
                 summary.pushed_path = props["pushed_destination"].string_value
                 if "pushed_version" in props:
                     summary.published_version = props["pushed_version"].int_value
-        elif kind == "Model":
+        elif output.type_name == "Model":
             _read_model_reports(summary, artifact.uri)
     return summary
 
 
 def _read_model_reports(summary: RunSummary, uri: str) -> None:
-    from components.exporter.report import JSON_FILE
-    from components.optimizer.executor import REPORT_FILE as OPTIMIZATION_REPORT
+    from components import artifacts
 
-    export_report = os.path.join(uri, "Format-Serving", JSON_FILE)
-    optimization_report = os.path.join(uri, OPTIMIZATION_REPORT)
-    if os.path.exists(export_report):
-        with open(export_report) as f:
-            summary.export = json.load(f)
+    export_report = artifacts.join(artifacts.serving_model_dir(uri), artifacts.EXPORT_REPORT_JSON)
+    optimization_report = artifacts.join(uri, artifacts.OPTIMIZATION_REPORT_FILE)
+    if artifacts.exists(export_report):
+        summary.export = artifacts.read_json(export_report)
         summary.model_path = uri
-    elif os.path.exists(optimization_report):
-        with open(optimization_report) as f:
-            summary.optimization = json.load(f)
+    elif artifacts.exists(optimization_report):
+        summary.optimization = artifacts.read_json(optimization_report)
     if summary.model_path is None:
         summary.model_path = uri
 

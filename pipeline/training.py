@@ -7,15 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from ml_metadata.metadata_store import metadata_store
-from ml_metadata.proto import metadata_store_pb2
-
+from components import artifacts
 from components.distributed.spec import WorkerSpec
+from pipeline import metadata
 from pipeline.config import PipelineConfig
-from pipeline.pipeline import RUN_FN, code_fingerprint
-
-TRANSFORM_TYPE = "tfx.components.transform.component.Transform"
-FINISHED = (metadata_store_pb2.Execution.COMPLETE, metadata_store_pb2.Execution.CACHED)
+from pipeline.pipeline import RUN_FN, TRANSFORM_NODE, trainer_custom_config
 
 
 class NoTransformOutputError(LookupError):
@@ -38,45 +34,28 @@ class TrainResult:
 
 def latest_transform_output(config: PipelineConfig) -> TransformOutput:
     """The transformed examples and graph of the newest finished Transform of this pipeline, from ML Metadata."""
-    missing = NoTransformOutputError(
-        f"pipeline '{config.name}' has no finished Transform under {config.output_root}; run `mlops run` first."
-    )
-    if not os.path.exists(config.metadata_path):
-        raise missing
-    connection = metadata_store_pb2.ConnectionConfig()
-    connection.sqlite.filename_uri = config.metadata_path
-    connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
-    store = metadata_store.MetadataStore(connection)
-    pipeline = store.get_context_by_type_and_name("pipeline", config.name)
-    if pipeline is None:
-        raise missing
-    in_pipeline = {e.id for e in store.get_executions_by_context(pipeline.id)}
-    executions = [e for e in store.get_executions_by_type(TRANSFORM_TYPE)
-                  if e.id in in_pipeline and e.last_known_state in FINISHED]
-    if not executions:
-        raise missing
-    latest = max(executions, key=lambda e: (e.create_time_since_epoch, e.id))
-    outputs = {}
-    for event in store.get_events_by_execution_ids([latest.id]):
-        if event.type == metadata_store_pb2.Event.OUTPUT and event.path.steps:
-            outputs[event.path.steps[0].key] = store.get_artifacts_by_id([event.artifact_id])[0].uri
-    return TransformOutput(outputs["transformed_examples"], outputs["transform_graph"])
+    try:
+        outputs = metadata.latest_outputs(metadata.connect(os.path.abspath(config.metadata_path)), config.name,
+                                          TRANSFORM_NODE)
+    except metadata.NoRecordError:
+        raise NoTransformOutputError(f"pipeline '{config.name}' has no finished Transform under "
+                                     f"{config.output_root}; run `mlops run` first.") from None
+    return TransformOutput(outputs["transformed_examples"].uri, outputs["transform_graph"].uri)
 
 
 def training_spec(config: PipelineConfig, transform: TransformOutput, output_dir: str) -> WorkerSpec:
     """The WorkerSpec the Trainer would write for this config, with the model and logs under `output_dir`."""
-    module_config = {**config.module_config(), "code_fingerprint": code_fingerprint()}
     return WorkerSpec(
         run_fn=RUN_FN,
-        train_files=[os.path.join(transform.transformed_examples, "Split-train", "*")],
-        eval_files=[os.path.join(transform.transformed_examples, "Split-eval", "*")],
+        train_files=[artifacts.split_pattern(artifacts.split_uri(transform.transformed_examples, "train"))],
+        eval_files=[artifacts.split_pattern(artifacts.split_uri(transform.transformed_examples, "eval"))],
         # TFX's layout of a Model artifact, so that Evaluator and Pusher code reads it alike.
-        serving_model_dir=os.path.join(output_dir, "model", "Format-Serving"),
-        model_run_dir=os.path.join(output_dir, "model_run"),
+        serving_model_dir=artifacts.serving_model_dir(artifacts.join(output_dir, "model")),
+        model_run_dir=artifacts.join(output_dir, "model_run"),
         transform_output=transform.transform_graph,
         train_steps=config.training.train_steps,
         eval_steps=config.training.eval_steps,
-        custom_config=module_config,
+        custom_config=trainer_custom_config(config),
     )
 
 
@@ -88,7 +67,6 @@ def train(config: PipelineConfig, out: TextIO = sys.stdout) -> TrainResult:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     output_dir = os.path.abspath(os.path.join(config.output_root, "train", f"{config.name}-{stamp}"))
     spec = training_spec(config, transform, output_dir)
-    training = config.module_config()["training"]
     print(f"training '{config.name}' on {config.training.workers} worker(s) ({config.training.backend}) from "
           f"{transform.transformed_examples}", file=out, flush=True)
 
@@ -96,9 +74,9 @@ def train(config: PipelineConfig, out: TextIO = sys.stdout) -> TrainResult:
         print(f"[tfjob] {line}" if index < 0 else f"[worker {index}] {line}", file=out, flush=True)
 
     started = time.monotonic()
-    logs = run_distributed_training(spec, training, tfjob_name(spec.model_run_dir), show)
+    logs = run_distributed_training(spec, config.resolved_training(), tfjob_name(spec.model_run_dir), show)
     result = TrainResult(spec.serving_model_dir, spec.model_run_dir, logs, time.monotonic() - started)
-    if not os.path.isdir(result.serving_model_dir):
+    if not artifacts.exists(result.serving_model_dir):
         raise RuntimeError(f"the chief worker wrote no model to {result.serving_model_dir}; see {logs}.")
     print(f"\ntrained in {result.seconds:.1f}s\n  model         {result.serving_model_dir}\n"
           f"  TensorBoard   {result.model_run_dir}\n  worker logs   {logs}", file=out, flush=True)

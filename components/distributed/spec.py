@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,18 +36,43 @@ class WorkerSpec:
     copy_model_to: str = ""
 
     def save(self, path: str) -> str:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(dataclasses.asdict(self), f, indent=2, sort_keys=True)
+        """Writes the spec as JSON to `path` (any file system: the pipeline root's); returns `path`."""
+        from components import artifacts
+
+        artifacts.write_json(path, dataclasses.asdict(self), indent=2)
         return path
 
     @classmethod
     def load(cls, path: str) -> WorkerSpec:
-        with open(path) as f:
-            return cls(**json.load(f))
+        from components import artifacts
+
+        return cls(**json.loads(artifacts.read_text(path)))
+
+    @classmethod
+    def from_fn_args(cls, fn_args: Any, run_fn: str, payload_format: int, data_view_uri: str | None) -> WorkerSpec:
+        """The WorkerSpec of the Trainer's FnArgs (everything but the DataAccessor, which the worker rebuilds)."""
+        from tfx.proto import example_gen_pb2
+
+        return cls(
+            run_fn=run_fn,
+            train_files=list(fn_args.train_files),
+            eval_files=list(fn_args.eval_files),
+            serving_model_dir=fn_args.serving_model_dir,
+            model_run_dir=fn_args.model_run_dir,
+            transform_output=fn_args.transform_output,
+            schema_path=fn_args.schema_path,
+            train_steps=fn_args.train_steps,
+            eval_steps=fn_args.eval_steps,
+            eval_model_dir=fn_args.eval_model_dir,
+            base_model=fn_args.base_model,
+            hyperparameters=fn_args.hyperparameters,
+            custom_config=dict(fn_args.custom_config or {}),
+            payload_format=example_gen_pb2.PayloadFormat.Name(payload_format),
+            data_view_uri=data_view_uri,
+        )
 
     def fn_args(self):  # -> tfx FnArgs; imported lazily so that the launcher does not load TensorFlow.
-        from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
+        from tfx import v1 as tfx
         from tfx.components.util import tfxio_utils
 
         def tfxio(file_pattern, schema):
@@ -60,13 +84,13 @@ class WorkerSpec:
                 schema=schema,
             )
 
-        accessor = DataAccessor(
+        accessor = tfx.components.DataAccessor(
             tf_dataset_factory=lambda patterns, options, schema: tfxio(patterns, schema).TensorFlowDataset(options),
             record_batch_factory=lambda patterns, options, schema: tfxio(patterns, schema).RecordBatches(options),
             # Only DataViews over FORMAT_PROTO payloads decode records this way; Transform writes tf.Examples.
             data_view_decode_fn=None,
         )
-        return FnArgs(
+        return tfx.components.FnArgs(
             train_files=self.train_files,
             eval_files=self.eval_files,
             train_steps=self.train_steps,
@@ -83,26 +107,3 @@ class WorkerSpec:
             hyperparameters=self.hyperparameters,
             custom_config=self.custom_config,
         )
-
-
-def spec_from_fn_args(fn_args: Any, run_fn: str, payload_format: int, data_view_uri: str | None) -> WorkerSpec:
-    """The WorkerSpec of FnArgs that TFX's GenericExecutor built (everything but the DataAccessor)."""
-    from tfx.proto import example_gen_pb2
-
-    return WorkerSpec(
-        run_fn=run_fn,
-        train_files=list(fn_args.train_files),
-        eval_files=list(fn_args.eval_files),
-        serving_model_dir=fn_args.serving_model_dir,
-        model_run_dir=fn_args.model_run_dir,
-        transform_output=fn_args.transform_output,
-        schema_path=fn_args.schema_path,
-        train_steps=fn_args.train_steps,
-        eval_steps=fn_args.eval_steps,
-        eval_model_dir=fn_args.eval_model_dir,
-        base_model=fn_args.base_model,
-        hyperparameters=fn_args.hyperparameters,
-        custom_config=dict(fn_args.custom_config or {}),
-        payload_format=example_gen_pb2.PayloadFormat.Name(payload_format),
-        data_view_uri=data_view_uri,
-    )

@@ -13,6 +13,8 @@ from typing import Any
 
 from kubernetes import client
 
+from pipeline.config import TFJobConfig
+
 # operator -> (API group, version)
 APIS = {"kubeflow": ("kubeflow.org", "v1"), "kubedl": ("training.kubedl.io", "v1alpha1")}
 PLURAL = "tfjobs"
@@ -21,31 +23,32 @@ CONTAINER_NAME = "tensorflow"
 PORT_NAME = "tfjob-port"
 PORT = 2222
 VOLUME_NAME = "pipeline-root"
-# The image's user (Dockerfile: USER 10001); fsGroup makes the pipeline-root volume writable for it where the volume
-# supports ownership management. With the container settings below the pod meets the restricted Pod Security Standard.
-RUN_AS_USER = 10001
 KUBEDL_MODEL_MOUNT = "/kubedl-model"
 FINISHED = ("Succeeded", "Failed")
+# The project image's user (Dockerfile USER): pods run as it; fsGroup makes the pipeline-root volume writable for it
+# where the volume supports ownership management. With the container settings below the pod meets the restricted Pod
+# Security Standard.
+IMAGE_USER_ID = 10001
 
 
 class TFJobFailedError(RuntimeError):
     """The TFJob failed, could not be created, or did not finish in time; the message says what to do."""
 
 
-def _quantities(settings: dict[str, Any]) -> dict[str, str]:
-    return {"cpu": settings["cpu"], "memory": settings["memory"]}
+def _quantities(settings: TFJobConfig) -> dict[str, str]:
+    return {"cpu": settings.cpu, "memory": settings.memory}
 
 
-def worker_pod_template(spec_path: str, settings: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+def worker_pod_template(spec_path: str, settings: TFJobConfig, labels: dict[str, str]) -> dict[str, Any]:
     """The pod each Worker replica runs, built with the Kubernetes client's models and serialized as the API wants."""
     container = client.V1Container(
         name=CONTAINER_NAME,
-        image=settings["image"],
-        image_pull_policy=settings["image_pull_policy"],
+        image=settings.image,
+        image_pull_policy=settings.image_pull_policy,
         command=["python", "-m", "components.distributed.worker", spec_path],
         ports=[client.V1ContainerPort(name=PORT_NAME, container_port=PORT)],
         resources=client.V1ResourceRequirements(requests=_quantities(settings), limits=_quantities(settings)),
-        volume_mounts=[client.V1VolumeMount(name=VOLUME_NAME, mount_path=settings["mount_path"])],
+        volume_mounts=[client.V1VolumeMount(name=VOLUME_NAME, mount_path=settings.mount_path)],
         security_context=client.V1SecurityContext(
             allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])),
     )
@@ -54,59 +57,59 @@ def worker_pod_template(spec_path: str, settings: dict[str, Any], labels: dict[s
         metadata=client.V1ObjectMeta(labels=labels, annotations={"sidecar.istio.io/inject": "false"}),
         spec=client.V1PodSpec(
             containers=[container],
-            service_account_name=settings["service_account"],
+            service_account_name=settings.service_account,
             security_context=client.V1PodSecurityContext(
-                run_as_non_root=True, run_as_user=RUN_AS_USER, fs_group=RUN_AS_USER,
+                run_as_non_root=True, run_as_user=IMAGE_USER_ID, run_as_group=IMAGE_USER_ID, fs_group=IMAGE_USER_ID,
                 seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
             volumes=[client.V1Volume(
                 name=VOLUME_NAME,
-                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=settings["pvc"]),
+                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=settings.pvc),
             )],
         ),
     )
     return client.ApiClient().sanitize_for_serialization(pod)
 
 
-def build_tfjob(name: str, spec_path: str, workers: int, settings: dict[str, Any]) -> dict[str, Any]:
+def build_tfjob(name: str, spec_path: str, workers: int, settings: TFJobConfig) -> dict[str, Any]:
     """The TFJob object for `workers` Worker replicas running `python -m components.distributed.worker spec_path`.
 
     `settings` is the `training.tfjob` section of the config (with mount_path resolved).
     """
-    group, version = APIS[settings["operator"]]
+    group, version = APIS[settings.operator]
     # The instance label selects this job's pods under either operator: kubectl logs -l app.kubernetes.io/instance=.
     labels = {"app.kubernetes.io/part-of": "tfx-mlops", "app.kubernetes.io/component": "trainer",
               "app.kubernetes.io/instance": name}
     run_policy = {
-        "cleanPodPolicy": settings["clean_pod_policy"],
-        "backoffLimit": settings["backoff_limit"],
-        "activeDeadlineSeconds": settings["active_deadline_seconds"],
+        "cleanPodPolicy": settings.clean_pod_policy,
+        "backoffLimit": settings.backoff_limit,
+        "activeDeadlineSeconds": settings.active_deadline_seconds,
     }
     spec: dict[str, Any] = {
         "tfReplicaSpecs": {
             "Worker": {
                 "replicas": workers,
-                "restartPolicy": settings["restart_policy"],
+                "restartPolicy": settings.restart_policy,
                 "template": worker_pod_template(spec_path, settings, labels),
             }
         }
     }
-    if settings["operator"] == "kubeflow":
+    if settings.operator == "kubeflow":
         spec["runPolicy"] = run_policy
     else:
         # KubeDL keeps the run policy fields inline in the spec.
         spec.update(run_policy)
-        if settings["model_version_name"]:
+        if settings.model_version_name:
             spec["modelVersion"] = {
-                "modelName": settings["model_version_name"],
-                "imageRepo": settings["model_image_repo"],
+                "modelName": settings.model_version_name,
+                "imageRepo": settings.model_image_repo,
                 # KubeDL mounts this NFS export at KUBEDL_MODEL_MOUNT; the chief copies its SavedModel there.
-                "storage": {"nfs": {"server": settings["model_nfs_server"], "path": settings["model_nfs_path"],
+                "storage": {"nfs": {"server": settings.model_nfs_server, "path": settings.model_nfs_path,
                                     "mountPath": KUBEDL_MODEL_MOUNT}},
             }
     return {
         "apiVersion": f"{group}/{version}",
         "kind": "TFJob",
-        "metadata": {"name": name, "namespace": settings["namespace"], "labels": labels},
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
         "spec": spec,
     }
 

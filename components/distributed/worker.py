@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shutil
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ def _exit_when_orphaned(parent: int, poll_seconds: float = 1.0) -> None:
 
 def run_worker(spec_path: str) -> None:
     """Loads the spec, calls its run_fn with rebuilt FnArgs and, on the chief, copies the model if asked."""
+    from components import artifacts
     from components.distributed.cluster import worker_role
     from components.distributed.spec import WorkerSpec
 
@@ -50,7 +50,7 @@ def run_worker(spec_path: str) -> None:
     import_function(spec.run_fn)(spec.fn_args())
     # TF_CONFIG is MultiWorkerMirroredStrategy's contract; only the chief's model is the job's result.
     if spec.copy_model_to and worker_role(os.environ.get("TF_CONFIG")).is_chief:
-        shutil.copytree(spec.serving_model_dir, spec.copy_model_to, dirs_exist_ok=True)
+        artifacts.copy_tree(spec.serving_model_dir, spec.copy_model_to)
 
 
 def main(argv: list[str] | None = None) -> int:

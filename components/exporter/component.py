@@ -1,8 +1,11 @@
 """Exporter: the blessed model in every configured format, each verified in its runtime; the gate before the Pusher.
 
 Its output is a Model artifact whose Format-Serving folder holds the SavedModel at its root and tflite/, onnx/,
-tfjs/ and the export report beside it, so TFX's standard Pusher copies all of it into one version folder.
+tfjs/ and the export report beside it (components/artifacts.py), so TFX's standard Pusher copies all of it into one
+version folder.
 """
+from __future__ import annotations
+
 from typing import Any
 
 from tfx.dsl.components.base import base_component, executor_spec
@@ -11,33 +14,47 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 from tfx.utils import json_utils
 
 from components.exporter import executor
+from components.specs import (
+    CODE_FINGERPRINT_KEY,
+    EXAMPLES_KEY,
+    EXPORTED_MODEL_KEY,
+    EXPORTER_SECTIONS,
+    MODEL_BLESSING_KEY,
+    MODEL_KEY,
+    TRANSFORM_GRAPH_KEY,
+)
 
 
 class ExporterSpec(ComponentSpec):
-    PARAMETERS = {"custom_config": ExecutionParameter(type=str)}
-    INPUTS = {
-        "model": ChannelParameter(type=standard_artifacts.Model),
-        "model_blessing": ChannelParameter(type=standard_artifacts.ModelBlessing),
-        "transform_graph": ChannelParameter(type=standard_artifacts.TransformGraph),
-        "examples": ChannelParameter(type=standard_artifacts.Examples),
+    # One JSON property per config section it reads (data, label, transform, export).
+    PARAMETERS = {
+        **{key: ExecutionParameter(type=str) for key in EXPORTER_SECTIONS},
+        CODE_FINGERPRINT_KEY: ExecutionParameter(type=str),
     }
-    OUTPUTS = {"exported_model": ChannelParameter(type=standard_artifacts.Model)}
+    INPUTS = {
+        MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        MODEL_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
+        TRANSFORM_GRAPH_KEY: ChannelParameter(type=standard_artifacts.TransformGraph),
+        EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+    }
+    OUTPUTS = {EXPORTED_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}
 
 
 class Exporter(base_component.BaseComponent):
-    """`examples` are the raw ExampleGen examples (train and eval splits); `custom_config` the module config with
-    its "export" section."""
+    """`examples` are the raw ExampleGen examples (train and eval splits); `sections` is
+    `PipelineConfig.sections(*EXPORTER_SECTIONS)`."""
 
     SPEC_CLASS = ExporterSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
     def __init__(self, model: Channel, model_blessing: Channel, transform_graph: Channel, examples: Channel,
-                 custom_config: dict[str, Any]):
+                 sections: dict[str, Any], code_fingerprint: str = ""):
         super().__init__(spec=ExporterSpec(
             model=model,
             model_blessing=model_blessing,
             transform_graph=transform_graph,
             examples=examples,
-            custom_config=json_utils.dumps(custom_config),
+            code_fingerprint=code_fingerprint,
             exported_model=Channel(type=standard_artifacts.Model),
+            **{key: json_utils.dumps(sections[key]) for key in EXPORTER_SECTIONS},
         ))

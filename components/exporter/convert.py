@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from components import artifacts
 from components.model import SERVING_OUTPUT
 
 NODE_DIR = Path(__file__).parent / "node"
@@ -64,8 +65,9 @@ def save_core_model(model: tf.keras.Model, spec: dict[str, Any], export_dir: str
 
 
 def export_saved_model(serving_model_dir: str, export_dir: str) -> None:
-    """The SavedModel as TF Serving loads it (raw features in, Transform graph inside), copied unchanged."""
-    shutil.copytree(serving_model_dir, export_dir, dirs_exist_ok=True)
+    """The SavedModel as TF Serving loads it (raw features in, Transform graph inside), copied unchanged from the
+    Model artifact (any file system) into `export_dir`."""
+    artifacts.copy_tree(serving_model_dir, export_dir)
 
 
 @contextlib.contextmanager

@@ -1,23 +1,14 @@
 """Raw rows for the Exporter: eval rows in the request form with their labels, and training rows for int8."""
 from __future__ import annotations
 
-import glob
-import os
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from components.artifacts import read_records
 from components.exporter.export import EvalData
-
-
-def read_serialized(split_dir: str, limit: int) -> list[bytes]:
-    """Up to `limit` serialized tf.Examples of one split folder (gzipped TFRecords, as ExampleGen writes them)."""
-    files = sorted(glob.glob(os.path.join(split_dir, "*")))
-    if not files:
-        raise FileNotFoundError(f"no example files in {split_dir}")
-    dataset = tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit)
-    return [record.numpy() for record in dataset]
+from pipeline.config import ExportConfig
 
 
 def request_columns(serialized: list[bytes], raw_feature_spec: dict[str, Any], features: list[str]) -> dict[str, Any]:
@@ -44,16 +35,16 @@ def load_eval_data(
     raw_feature_spec: dict[str, Any],
     features: list[str],
     label_key: str,
-    options: dict[str, Any],
+    options: ExportConfig,
 ) -> EvalData:
     """Eval rows and their labels (computed by the SavedModel's own `transform_features`), plus training rows."""
-    serialized = read_serialized(eval_dir, options["eval_rows"])
+    serialized = read_records(eval_dir, options.eval_rows)
     transform = tf.saved_model.load(serving_model_dir).signatures["transform_features"]
     labels = transform(examples=tf.constant(serialized))[label_key].numpy().reshape(-1)
     return EvalData(
         columns=request_columns(serialized, raw_feature_spec, features),
         labels=labels,
         representative=request_columns(
-            read_serialized(train_dir, options["representative_rows"]), raw_feature_spec, features
+            read_records(train_dir, options.representative_rows), raw_feature_spec, features
         ),
     )

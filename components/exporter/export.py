@@ -1,5 +1,8 @@
 """Exports every configured format into one version folder, runs each in its runtime, and gates on agreement.
 
+The converters and runtimes work on local files, so everything is built and verified in a local staging folder and
+then copied to `output_dir`, which may be on any file system (components/artifacts.py).
+
 Layout of `output_dir` (what the Pusher copies to <serving base>/<version>/):
   saved_model.pb, variables/, assets/   the SavedModel TF Serving loads (raw features in)
   tflite/model_<variant>.tflite         + preprocessing.json, preprocessing.py
@@ -22,9 +25,11 @@ import tensorflow as tf
 from absl import logging
 from sklearn.metrics import roc_auc_score
 
+from components import artifacts
 from components.exporter import convert, report
 from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
+from pipeline.config import ExportConfig
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 
@@ -68,22 +73,22 @@ def export_formats(
     model: tf.keras.Model,
     spec: dict[str, Any],
     output_dir: str,
-    options: dict[str, Any],
+    options: ExportConfig,
     representative: dict[str, np.ndarray] | None = None,
 ) -> dict[str, tuple[Path, Runner]]:
-    """Writes every configured format under `output_dir`; returns each artifact's path and a runner for it.
-    `representative`: raw training rows (request form) that int8 quantization calibrates on."""
+    """Writes every configured format under the local folder `output_dir`; returns each artifact's path and a
+    runner for it. `representative`: raw training rows (request form) that int8 quantization calibrates on."""
     out = Path(output_dir)
-    formats, variants = options["formats"], options["tflite_variants"]
+    formats, variants = options.formats, options.tflite_variants
     convert.export_saved_model(serving_model_dir, output_dir)
-    artifacts: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir))}
+    built: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir))}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = os.path.join(tmp, SPEC_FILE)
         save_spec(spec, spec_path)
         core_dir = os.path.join(tmp, "core")
         module = convert.save_core_model(model, spec, core_dir)
         if "tflite" in formats:
-            folder = out / "tflite"
+            folder = out / artifacts.FORMAT_DIRS["tflite"]
             folder.mkdir(parents=True, exist_ok=True)
             convert.ship_preprocessing(spec_path, str(folder), "python")
             for variant in variants:
@@ -91,52 +96,67 @@ def export_formats(
                 path = folder / f"model_{variant}.tflite"
                 calibration = (lambda: _representative(spec, representative)) if representative is not None else None
                 convert.export_tflite(core_dir, variant, str(path), calibration)
-                artifacts[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
+                built[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
                 logging.info("TFLite %s: %d bytes in %.1fs", variant, path.stat().st_size,
                              time.perf_counter() - started)
         if "onnx" in formats:
-            folder = out / "onnx"
+            folder = out / artifacts.FORMAT_DIRS["onnx"]
             folder.mkdir(parents=True, exist_ok=True)
             convert.ship_preprocessing(spec_path, str(folder), "python")
             path = folder / "model.onnx"
-            convert.export_onnx(module, spec, str(path), options["onnx_opset"])
-            artifacts["onnx"] = (path, OnnxRunner(str(path), spec))
-            logging.info("ONNX (opset %d): %d bytes", options["onnx_opset"], path.stat().st_size)
+            convert.export_onnx(module, spec, str(path), options.onnx_opset)
+            built["onnx"] = (path, OnnxRunner(str(path), spec))
+            logging.info("ONNX (opset %d): %d bytes", options.onnx_opset, path.stat().st_size)
         if "tfjs" in formats:
-            folder = out / "tfjs"
+            folder = out / artifacts.FORMAT_DIRS["tfjs"]
             convert.export_tfjs(core_dir, str(folder))
             convert.ship_preprocessing(spec_path, str(folder), "javascript")
-            artifacts["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR))
+            built["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR))
             logging.info("TF.js graph model: %d bytes", _model_size("tfjs", folder))
-    return artifacts
+    return built
+
+
+def check_artifact(
+    name: str, probabilities: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: ExportConfig
+) -> dict[str, Any]:
+    """The gate on one artifact: its figures against the SavedModel's `reference` probabilities on the same rows.
+
+    Float formats (FLOAT_ARTIFACTS) must give every probability within export.max_abs_diff of the SavedModel's;
+    quantized TFLite variants may lose at most export.max_quantized_auc_drop of eval AUC (a gain always passes).
+    """
+    metrics = _metrics(probabilities, labels)
+    diff = float(np.max(np.abs(probabilities - reference)))
+    if name in FLOAT_ARTIFACTS:
+        check = {"figure": "max_abs_diff", "value": diff, "threshold": options.max_abs_diff,
+                 "config_key": "export.max_abs_diff", "passed": diff <= options.max_abs_diff}
+    else:
+        drop = _metrics(reference, labels)["auc"] - metrics["auc"]
+        check = {"figure": "auc_drop", "value": drop, "threshold": options.max_quantized_auc_drop,
+                 "config_key": "export.max_quantized_auc_drop", "passed": drop <= options.max_quantized_auc_drop}
+    return {"max_abs_diff": diff, **metrics, "check": check}
 
 
 def verify(
-    artifacts: dict[str, tuple[Path, Runner]], data: EvalData, options: dict[str, Any]
+    built: dict[str, tuple[Path, Runner]], data: EvalData, options: ExportConfig, root: Path | None = None
 ) -> dict[str, Any]:
-    """Runs every artifact on the eval rows against the SavedModel; returns the report, `passed` included."""
-    reference = artifacts["saved_model"][1].predict(data.columns)
+    """Runs every artifact on the eval rows against the SavedModel; returns the report, `passed` included.
+    Each row's `path` is relative to `root` (the version folder) when given."""
+    reference = built["saved_model"][1].predict(data.columns)
     reference_metrics = _metrics(reference, data.labels)
     rows = []
-    for name, (path, runner) in artifacts.items():
+    for name, (path, runner) in built.items():
         started = time.perf_counter()
-        probabilities, latency = runner.predict_and_time(data.columns, options["latency_rows"])
-        metrics = _metrics(probabilities, data.labels)
-        diff = float(np.max(np.abs(probabilities - reference)))
-        if name in FLOAT_ARTIFACTS:
-            check = {"figure": "max_abs_diff", "value": diff, "threshold": options["max_abs_diff"],
-                     "config_key": "export.max_abs_diff", "passed": diff <= options["max_abs_diff"]}
-        else:
-            drop = reference_metrics["auc"] - metrics["auc"]
-            check = {"figure": "auc_drop", "value": drop, "threshold": options["max_quantized_auc_drop"],
-                     "config_key": "export.max_quantized_auc_drop",
-                     "passed": drop <= options["max_quantized_auc_drop"]}
+        probabilities, latency = runner.predict_and_time(data.columns, options.latency_rows)
+        figures = check_artifact(name, probabilities, reference, data.labels, options)
+        check = figures.pop("check")
+        relative = path.relative_to(root) if root is not None else path
         rows.append({
-            "artifact": name, "path": str(path), "size_bytes": _model_size(name, path), "max_abs_diff": diff, **metrics,
+            "artifact": name, "path": str(relative), "size_bytes": _model_size(name, path), **figures,
             "latency_ms_p50": float(np.median(latency)), "check": check,
         })
         logging.info("verified %s in %.1fs: max |diff| %.2e, AUC %.4f, p50 %.3f ms", name,
-                     time.perf_counter() - started, diff, metrics["auc"], rows[-1]["latency_ms_p50"])
+                     time.perf_counter() - started, figures["max_abs_diff"], figures["auc"],
+                     rows[-1]["latency_ms_p50"])
     return {
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **reference_metrics},
@@ -161,18 +181,20 @@ def export_and_verify(
     spec: dict[str, Any],
     data: EvalData,
     output_dir: str,
-    options: dict[str, Any],
+    options: ExportConfig,
     optimization: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Exporter's work: every format under `output_dir`, verified, with export_report.json/html beside them.
-    Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
+    """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
+    beside them. Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
-    artifacts = export_formats(serving_model_dir, model, spec, output_dir, options, data.representative)
-    result = verify(artifacts, data, options)
-    result["optimization"] = optimization or {}
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    report.write(result, output_dir)
+    with tempfile.TemporaryDirectory(prefix="export-") as staging:
+        built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
+        result = verify(built, data, options, root=Path(staging))
+        result["optimization"] = optimization or {}
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        report.write(result, staging)
+        artifacts.copy_tree(staging, output_dir)
     if not result["passed"]:
         raise ExportGateError(f"export verification failed, nothing is pushed: {gate_message(result)}. "
-                              f"Report: {os.path.join(output_dir, report.JSON_FILE)}")
+                              f"Report: {artifacts.join(output_dir, artifacts.EXPORT_REPORT_JSON)}")
     return result

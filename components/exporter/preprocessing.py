@@ -25,15 +25,15 @@ class RequestError(ValueError):
     """A request lacks a feature or holds a value of the wrong type."""
 
 
-def build_spec(transform_output_dir: str, custom_config: dict[str, Any]) -> dict[str, Any]:
-    """The preprocessing spec of a Transform output: per feature its kind, raw type and the analyzer results."""
+def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
+    """The preprocessing spec of a Transform output: per feature its kind, raw type and the analyzer results.
+    `layout` is the run's components.features.FeatureLayout (not imported here: this file ships with NumPy only)."""
     import tensorflow as tf
     import tensorflow_transform as tft
 
-    from components.features import FeatureLayout, transformed_name
+    from components.features import transformed_name
     from components.transform import CONSTANTS_VOCABULARY
 
-    layout = FeatureLayout(custom_config)
     tft_output = tft.TFTransformOutput(transform_output_dir)
     raw_spec = tft_output.raw_feature_spec()
 
@@ -61,7 +61,7 @@ def build_spec(transform_output_dir: str, custom_config: dict[str, Any]) -> dict
         features.append({"name": key, "kind": "numeric", **raw_type(key), "fill": fill, "mean": mean, "std": std})
     for key in layout.bucket:
         features.append({"name": key, "kind": "bucket", **raw_type(key), "boundaries": constants(key),
-                         "missing_id": layout.transform["bucket_count"]})
+                         "missing_id": layout.transform.bucket_count})
     for key in layout.vocab:
         if raw_spec[key].dtype == tf.float32:
             raise ValueError(f"vocabulary feature '{key}' is a float column, whose text form only TensorFlow "

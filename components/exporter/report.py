@@ -5,11 +5,9 @@ import base64
 import html
 import io
 import json
-import os
 from typing import Any
 
-JSON_FILE = "export_report.json"
-HTML_FILE = "export_report.html"
+from components import artifacts
 
 
 def table_lines(result: dict[str, Any]) -> list[str]:
@@ -80,7 +78,6 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{
 
 
 def write(result: dict[str, Any], output_dir: str) -> None:
-    with open(os.path.join(output_dir, JSON_FILE), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(output_dir, HTML_FILE), "w") as f:
-        f.write(_html(result))
+    """The report as JSON and as an HTML page in `output_dir` (any file system)."""
+    artifacts.write_text(artifacts.join(output_dir, artifacts.EXPORT_REPORT_JSON), json.dumps(result, indent=1))
+    artifacts.write_text(artifacts.join(output_dir, artifacts.EXPORT_REPORT_HTML), _html(result))

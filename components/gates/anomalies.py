@@ -1,12 +1,11 @@
 """The plain function behind the data-validation gate: read ExampleValidator's anomalies."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
-SCHEMA_DIFF_FILE = "SchemaDiff.pb"
+from components import artifacts
 
 
 @dataclass(frozen=True)
@@ -36,10 +35,8 @@ def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
     """Every anomaly ExampleValidator wrote under `anomalies_uri`, one entry per split and feature."""
     found = []
     for split in split_names:
-        path = os.path.join(anomalies_uri, f"Split-{split}", SCHEMA_DIFF_FILE)
-        report = anomalies_pb2.Anomalies()
-        with open(path, "rb") as f:
-            report.ParseFromString(f.read())
+        path = artifacts.join(artifacts.split_uri(anomalies_uri, split), artifacts.SCHEMA_DIFF_FILE)
+        report = anomalies_pb2.Anomalies.FromString(artifacts.read_bytes(path))
         for feature, info in sorted(report.anomaly_info.items()):
             reasons = "; ".join(r.description or r.short_description for r in info.reason)
             found.append(Anomaly(split, feature, reasons or info.description))

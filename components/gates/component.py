@@ -4,11 +4,12 @@ from tfx.types import standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec
 
 from components.gates import executor
+from components.specs import ANOMALIES_KEY
 
 
 class DataValidationGateSpec(ComponentSpec):
     PARAMETERS = {}
-    INPUTS = {"anomalies": ChannelParameter(type=standard_artifacts.ExampleAnomalies)}
+    INPUTS = {ANOMALIES_KEY: ChannelParameter(type=standard_artifacts.ExampleAnomalies)}
     OUTPUTS = {}
 
 

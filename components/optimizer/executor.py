@@ -1,8 +1,7 @@
 """Executor of the Optimizer: artifacts in, `optimize`, a Model artifact laid out like the Trainer's out."""
 from __future__ import annotations
 
-import json
-import os
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
@@ -10,20 +9,28 @@ import tensorflow_transform as tft
 from absl import logging
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
-from tfx.utils import io_utils, json_utils, path_utils
 
+from components import artifacts
 from components.features import FeatureLayout, transformed_name
 from components.model import (
     build_model,
     categorical_cardinalities,
     class_weights,
     export_serving_model,
-    keras_model_path,
     load_keras_model,
+    save_keras_model,
 )
 from components.optimizer.optimize import OptimizationGateError, optimize
+from components.specs import (
+    EXAMPLES_KEY,
+    MODEL_KEY,
+    OPTIMIZE_KEY,
+    OPTIMIZED_MODEL_KEY,
+    TRAINING_KEY,
+    TRANSFORM_GRAPH_KEY,
+)
+from pipeline.config import OptimizeConfig, TrainingConfig, read_section
 
-REPORT_FILE = "optimization_report.json"
 # Rows shuffled together when reading the training split; the split is re-read (and reshuffled) as it repeats.
 SHUFFLE_BUFFER = 10_000
 
@@ -40,16 +47,12 @@ def transformed_dataset(
 ) -> tf.data.Dataset:
     """(features, label) batches of one split of the Transform's gzipped TFRecords, features shaped (batch, 1)
     like the Keras model's inputs; shuffled and repeated forever when `repeat`, else one pass in file order."""
-    files = sorted(tf.io.gfile.glob(os.path.join(split_uri, "*.gz")))
-    if not files:
-        raise FileNotFoundError(f"no transformed examples (*.gz) in {split_uri}; the Optimizer needs the "
-                                "Transform's transformed_examples with train and eval splits.")
     missing = [name for name in [*input_names, label_key] if name not in feature_spec]
     if missing:
         raise ValueError(f"the transformed examples lack {', '.join(missing)}, which the model needs; train the model "
                          "and the Transform with the same features.")
     spec = {name: feature_spec[name] for name in [*input_names, label_key]}
-    dataset = tf.data.TFRecordDataset(files, compression_type="GZIP")
+    dataset = artifacts.record_dataset(split_uri)
     if repeat:
         dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
 
@@ -63,9 +66,7 @@ def transformed_dataset(
 
 
 def _write_report(output_uri: str, report: dict[str, Any]) -> None:
-    tf.io.gfile.makedirs(output_uri)
-    with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as f:
-        f.write(json.dumps(report, indent=2, sort_keys=True))
+    artifacts.write_json(artifacts.join(output_uri, artifacts.OPTIMIZATION_REPORT_FILE), report, indent=2)
 
 
 def run_optimizer(
@@ -74,30 +75,30 @@ def run_optimizer(
     train_uri: str,
     eval_uri: str,
     output_uri: str,
-    custom_config: dict[str, Any],
+    layout: FeatureLayout,
+    training: TrainingConfig,
+    options: OptimizeConfig,
 ) -> dict[str, Any]:
     """Optimizes the Keras model of the Model artifact at `model_uri` and writes a full Model artifact to
-    `output_uri`; returns the report also written there as optimization_report.json."""
-    layout = FeatureLayout(custom_config)
-    training, options = custom_config["training"], custom_config["optimize"]
-    seed = training["seed"]
+    `output_uri`; returns the report also written there (artifacts.OPTIMIZATION_REPORT_FILE)."""
+    seed = training.seed
     tft_output = tft.TFTransformOutput(transform_graph_uri)
     model = load_keras_model(model_uri)
     feature_spec = tft_output.transformed_feature_spec()
     input_names = list(model.input_names)
 
     def dataset(split_uri: str, repeat: bool) -> tf.data.Dataset:
-        return transformed_dataset(split_uri, feature_spec, layout.label_key, input_names, options["batch_size"],
+        return transformed_dataset(split_uri, feature_spec, layout.label_key, input_names, options.batch_size,
                                    repeat=repeat, seed=seed)
 
     weights = None
-    if training["class_weights"] and (options["prune"] or options["distill"]["enabled"]):
+    if training.class_weights and (options.prune or options.distill.enabled):
         # The Trainer balanced the classes; fine-tuning without the same weights would shift the scores.
         weights = class_weights(dataset(train_uri, repeat=False))
         logging.info("optimizer: class weights %s", weights)
 
     def build_student() -> tf.keras.Model:
-        student_training = {**training, "hidden_units": list(options["distill"]["hidden_units"])}
+        student_training = dataclasses.replace(training, hidden_units=list(options.distill.hidden_units))
         return build_model([transformed_name(k) for k in layout.numeric],
                            categorical_cardinalities(layout, tft_output), student_training)
 
@@ -107,19 +108,18 @@ def run_optimizer(
     except OptimizationGateError as e:
         # The run stops here; the figures stay where the message's reader can look them up.
         _write_report(output_uri, e.report)
-        logging.error("optimizer: %s (report: %s)", e, os.path.join(output_uri, REPORT_FILE))
+        logging.error("optimizer: %s (report: %s)", e,
+                      artifacts.join(output_uri, artifacts.OPTIMIZATION_REPORT_FILE))
         raise
 
     if result.model is model:
         # Nothing was done: downstream still reads this component's output, a copy of the Trainer's.
-        io_utils.copy_dir(model_uri, output_uri)
+        artifacts.copy_tree(model_uri, output_uri)
         logging.info("optimizer: copied %s to %s unchanged", model_uri, output_uri)
     else:
-        serving_dir = path_utils.serving_model_dir(output_uri)
+        serving_dir = artifacts.serving_model_dir(output_uri)
         export_serving_model(result.model, tft_output, layout, serving_dir)
-        keras_path = keras_model_path(output_uri)
-        tf.io.gfile.makedirs(os.path.dirname(keras_path))
-        result.model.save(keras_path)
+        keras_path = save_keras_model(result.model, output_uri)
         logging.info("optimizer: wrote %s and %s (stages: %s)", serving_dir, keras_path,
                      ", ".join(result.report["stages"]))
     _write_report(output_uri, result.report)
@@ -128,14 +128,14 @@ def run_optimizer(
 
 class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict: dict[str, list[Any]], output_dict: dict[str, list[Any]], exec_properties: dict) -> None:
-        model = artifact_utils.get_single_instance(input_dict["model"])
-        examples = input_dict["examples"]
-        output = artifact_utils.get_single_instance(output_dict["optimized_model"])
+        examples = artifact_utils.get_single_uri(input_dict[EXAMPLES_KEY])
         run_optimizer(
-            model_uri=model.uri,
-            transform_graph_uri=artifact_utils.get_single_uri(input_dict["transform_graph"]),
-            train_uri=artifact_utils.get_split_uri(examples, "train"),
-            eval_uri=artifact_utils.get_split_uri(examples, "eval"),
-            output_uri=output.uri,
-            custom_config=json_utils.loads(exec_properties["custom_config"]),
+            model_uri=artifact_utils.get_single_uri(input_dict[MODEL_KEY]),
+            transform_graph_uri=artifact_utils.get_single_uri(input_dict[TRANSFORM_GRAPH_KEY]),
+            train_uri=artifacts.split_uri(examples, "train"),
+            eval_uri=artifacts.split_uri(examples, "eval"),
+            output_uri=artifact_utils.get_single_uri(output_dict[OPTIMIZED_MODEL_KEY]),
+            layout=FeatureLayout.from_properties(exec_properties),
+            training=read_section(exec_properties, TRAINING_KEY, TrainingConfig),
+            options=read_section(exec_properties, OPTIMIZE_KEY, OptimizeConfig),
         )

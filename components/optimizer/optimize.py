@@ -6,7 +6,7 @@ component's executor is the only caller that knows about artifacts.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import gzip
 import os
 import tempfile
@@ -19,6 +19,8 @@ import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 from absl import logging
 from sklearn.metrics import roc_auc_score
+
+from pipeline.config import OptimizeConfig
 
 # Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
 _PROB_EPSILON = 1e-7
@@ -81,6 +83,13 @@ def evaluate(model: tf.keras.Model, dataset: tf.data.Dataset, steps: int | None 
         raise ValueError(f"the evaluation data holds only one class ({int(y.sum())} positives of {y.size} rows), "
                          "so AUC is undefined; check the eval split and the label settings.")
     return {"auc": float(roc_auc_score(y, p)), "accuracy": float(np.mean((p > 0.5) == (y == 1))), "rows": int(y.size)}
+
+
+def pruning_gate(auc_before: float, auc_after: float, max_auc_drop: float) -> tuple[float, bool]:
+    """The Optimizer's gate: the eval AUC pruning cost (negative when it gained), and whether that is at most
+    optimize.max_auc_drop."""
+    drop = auc_before - auc_after
+    return drop, drop <= max_auc_drop
 
 
 def _pruning_schedule(target_sparsity: float, steps: int) -> tfmot.sparsity.keras.PolynomialDecay:
@@ -220,21 +229,21 @@ def optimize(
     model: tf.keras.Model,
     train: tf.data.Dataset,
     evaluation: tf.data.Dataset,
-    options: dict[str, Any],
+    options: OptimizeConfig,
     build_student: Callable[[], tf.keras.Model],
     *,
     seed: int = 42,
     class_weight: dict[int, float] | None = None,
 ) -> OptimizationResult:
-    """Distils (when options["distill"]["enabled"]), then prunes (when options["prune"]) the trained `model`.
+    """Distils (when options.distill.enabled), then prunes (when options.prune) the trained `model`.
 
-    `options` is the module config's "optimize" section (pipeline.config.OptimizeConfig as a dict); `train`
-    repeats, `evaluation` is finite. With nothing enabled the same model object comes back. Raises
-    OptimizationGateError when pruning lowers eval AUC by more than options["max_auc_drop"].
+    `options` is the config's optimize section; `train` repeats, `evaluation` is finite. With nothing enabled the
+    same model object comes back. Raises OptimizationGateError when pruning lowers eval AUC by more than
+    options.max_auc_drop.
     """
-    settings = copy.deepcopy(options)
-    distill = options["distill"]
-    if not distill["enabled"] and not options["prune"]:
+    settings = dataclasses.asdict(options)
+    distill = options.distill
+    if not distill.enabled and not options.prune:
         logging.info("optimizer: nothing to do (optimize.prune is false, optimize.distill.enabled is false)")
         return OptimizationResult(model, {
             "stages": [],
@@ -251,11 +260,11 @@ def optimize(
                  report["input"]["gzip_bytes"])
     current, current_stage = model, "input"
 
-    if distill["enabled"]:
-        logging.info("optimizer: distilling into a student with hidden units %s", distill["hidden_units"])
+    if distill.enabled:
+        logging.info("optimizer: distilling into a student with hidden units %s", distill.hidden_units)
         current = distill_model(
-            model, train, build_student=build_student, temperature=distill["temperature"], alpha=distill["alpha"],
-            steps=distill["steps"], learning_rate=distill["learning_rate"], seed=seed, class_weight=class_weight,
+            model, train, build_student=build_student, temperature=distill.temperature, alpha=distill.alpha,
+            steps=distill.steps, learning_rate=distill.learning_rate, seed=seed, class_weight=class_weight,
         )
         current_stage = "distilled"
         report["distilled"] = _describe(current, evaluate(current, evaluation))
@@ -264,26 +273,26 @@ def optimize(
                      report["distilled"]["auc"], report["input"]["auc"], report["distilled"]["parameters"],
                      report["input"]["parameters"])
 
-    if options["prune"]:
+    if options.prune:
         before = report[current_stage]["auc"]
         pruned = prune_model(
-            current, train, target_sparsity=options["target_sparsity"], steps=options["fine_tune_steps"],
-            learning_rate=options["learning_rate"], seed=seed, class_weight=class_weight,
+            current, train, target_sparsity=options.target_sparsity, steps=options.fine_tune_steps,
+            learning_rate=options.learning_rate, seed=seed, class_weight=class_weight,
         )
         stats = _describe(pruned, evaluate(pruned, evaluation))
         stats["pruned_from"] = current_stage
-        stats["auc_drop"] = before - stats["auc"]
+        stats["auc_drop"], passed = pruning_gate(before, stats["auc"], options.max_auc_drop)
         report["pruned"] = stats
         report["stages"].append("prune")
         logging.info("optimizer: pruned eval AUC %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
                      "bytes", stats["auc"], before, stats["kernel_sparsity"], report[current_stage]["gzip_bytes"],
                      stats["gzip_bytes"])
-        if stats["auc_drop"] > options["max_auc_drop"]:
+        if not passed:
             report["summary"] = _summary(report, "input", "pruned")
             raise OptimizationGateError(
-                f"pruning to {options['target_sparsity']:.0%} sparsity lowered the eval AUC by "
+                f"pruning to {options.target_sparsity:.0%} sparsity lowered the eval AUC by "
                 f"{stats['auc_drop']:.4f} ({before:.4f} to {stats['auc']:.4f}), more than "
-                f"optimize.max_auc_drop={options['max_auc_drop']}; allow a larger drop with optimize.max_auc_drop "
+                f"optimize.max_auc_drop={options.max_auc_drop}; allow a larger drop with optimize.max_auc_drop "
                 "or fine-tune longer with optimize.fine_tune_steps.",
                 report,
             )

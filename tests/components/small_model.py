@@ -18,10 +18,10 @@ from components.transform import preprocessing_fn
 from pipeline.config import TrainingConfig
 
 CUSTOM_CONFIG = {
-    "features": {
-        "numeric": ["fare", "trip_miles", "trip_seconds"],
-        "bucket": ["lat"],
-        "vocab": ["payment_type", "hour", "tract"],
+    "data": {
+        "numeric_features": ["fare", "trip_miles", "trip_seconds"],
+        "bucket_features": ["lat"],
+        "vocab_features": ["payment_type", "hour", "tract"],
     },
     "label": {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""},
     "transform": {"bucket_count": 5, "vocab_size": 100, "oov_buckets": 1},
@@ -75,7 +75,7 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
 
 def request_columns(rows: list[dict]) -> dict[str, np.ndarray]:
     columns = {}
-    for key in FeatureLayout(CUSTOM_CONFIG).raw_features:
+    for key in FeatureLayout.from_properties(CUSTOM_CONFIG).raw_features:
         dtype = FEATURE_SPEC[key].dtype
         values = [row[key][0] if row[key] else MISSING[dtype] for row in rows]
         if dtype == tf.string:
@@ -86,7 +86,7 @@ def request_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 
 
 def build_small_model(folder: Path, train_rows: int = 3000, eval_rows: int = 1000) -> SmallModel:
-    layout = FeatureLayout(CUSTOM_CONFIG)
+    layout = FeatureLayout.from_properties(CUSTOM_CONFIG)
     train, evaluation = synthetic_rows(train_rows, seed=1), synthetic_rows(eval_rows, seed=2)
     metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(FEATURE_SPEC))
     transform_dir = str(folder / "transform")
@@ -98,7 +98,7 @@ def build_small_model(folder: Path, train_rows: int = 3000, eval_rows: int = 100
     metadata_io.write_metadata(metadata, f"{transform_dir}/metadata")
     tft_output = tft.TFTransformOutput(transform_dir)
 
-    training = dataclasses.asdict(dataclasses.replace(TrainingConfig(), hidden_units=[32, 16], learning_rate=0.01))
+    training = dataclasses.replace(TrainingConfig(), hidden_units=[32, 16], learning_rate=0.01)
     tf.keras.utils.set_random_seed(0)
     model = build_model([transformed_name(k) for k in layout.numeric], categorical_cardinalities(layout, tft_output),
                         training)

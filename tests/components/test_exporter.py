@@ -12,15 +12,15 @@ import pytest
 import tensorflow as tf
 
 from components.exporter import convert
-from components.exporter.export import EvalData, ExportGateError, export_and_verify
+from components.exporter.export import EvalData, ExportGateError, export_and_verify, verify
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
-from components.exporter.runtimes import node_executable
+from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from pipeline.config import ExportConfig
-from tests.components.small_model import CUSTOM_CONFIG, build_small_model
+from tests.components.small_model import build_small_model
 
 
 def options(**changes):
-    return {**dataclasses.asdict(ExportConfig()), "latency_rows": 20, **changes}
+    return dataclasses.replace(ExportConfig(), **{"latency_rows": 20, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def small(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(small):
-    return build_spec(small.transform_dir, CUSTOM_CONFIG)
+    return build_spec(small.transform_dir, small.layout)
 
 
 def eval_data(small):
@@ -138,26 +138,70 @@ def test_shipped_python_preprocessing_needs_only_numpy(exported, small, spec, tm
         np.testing.assert_array_equal(shipped[name], values, err_msg=name)
 
 
-def test_gate_fails_when_an_artifact_disagrees(small, spec, tmp_path):
-    """Weights perturbed after the SavedModel was made: the converted formats no longer match it."""
-    perturbed = tf.keras.models.clone_model(small.model)
-    rng = np.random.default_rng(0)
-    perturbed.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in small.model.get_weights()])
+def perturbed_output_bias(model, shift):
+    """A copy of `model` whose output bias moved by `shift`: every probability p moves by about p(1-p)*shift, a
+    disagreement of the size a converter slip would cause."""
+    copy = tf.keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    output = copy.get_layer("output")
+    kernel, bias = output.get_weights()
+    output.set_weights([kernel, bias + np.float32(shift)])
+    return copy
+
+
+def test_float_formats_are_held_to_max_abs_diff_on_their_own(small, spec, tmp_path):
+    """The SavedModel of the small model against TFLite float32 and ONNX converted from a copy whose output bias moved
+    by 3e-4: each float format disagrees by the same measured amount; a limit 5% above it passes, 5% below fails."""
+    perturbed = perturbed_output_bias(small.model, 3e-4)
+    features = preprocess(spec, small.columns)
+    expected = float(np.max(np.abs(perturbed(features).numpy() - small.model(features).numpy())))
+    assert 4e-5 < expected < 1e-4  # a small miss: below the default limit, above the one set here
     output_dir = tmp_path / "version"
+    formats = options(formats=["saved_model", "tflite", "onnx"], tflite_variants=["float32"],
+                      max_abs_diff=0.95 * expected)
     with pytest.raises(ExportGateError) as error:
-        export_and_verify(small.serving_model_dir, perturbed, spec, eval_data(small), str(output_dir),
-                          options(formats=["saved_model", "tflite", "onnx"], tflite_variants=["float32"]))
-    message = str(error.value)
-    assert "nothing is pushed" in message
-    assert "onnx: max_abs_diff" in message and "tflite/float32: max_abs_diff" in message
-    assert "threshold 0.0001 (export.max_abs_diff)" in message
+        export_and_verify(small.serving_model_dir, perturbed, spec, eval_data(small), str(output_dir), formats)
     report = json.loads((output_dir / "export_report.json").read_text())
     assert not report["passed"]
-    assert {r["artifact"] for r in report["artifacts"] if not r["check"]["passed"]} == {"tflite/float32", "onnx"}
+    rows = {row["artifact"]: row for row in report["artifacts"]}
+    for name in ("tflite/float32", "onnx"):
+        assert rows[name]["max_abs_diff"] == pytest.approx(expected, rel=0.02), name
+        assert rows[name]["check"] == {"figure": "max_abs_diff", "value": rows[name]["max_abs_diff"],
+                                       "threshold": 0.95 * expected, "config_key": "export.max_abs_diff",
+                                       "passed": False}
+        assert f"{name}: max_abs_diff {rows[name]['max_abs_diff']:.6g} is above the threshold" in str(error.value)
+    assert rows["saved_model"]["check"]["passed"]
+    assert str(error.value).startswith("export verification failed, nothing is pushed: ")
+
+    # The same artifacts, each on its own against the SavedModel, just inside a limit 5% above the measured figure.
+    reference = (output_dir, SavedModelRunner(str(output_dir)))
+    converted = {"tflite/float32": TFLiteRunner(str(output_dir / "tflite" / "model_float32.tflite"), spec),
+                 "onnx": OnnxRunner(str(output_dir / "onnx" / "model.onnx"), spec)}
+    for name, runner in converted.items():
+        result = verify({"saved_model": reference, name: (output_dir, runner)}, eval_data(small),
+                        options(max_abs_diff=1.05 * expected))
+        assert result["passed"], name
 
 
-def test_gate_fails_when_quantization_costs_too_much_auc(small, spec, tmp_path):
-    with pytest.raises(ExportGateError, match=r"tflite/int8: auc_drop .* \(export.max_quantized_auc_drop\)"):
-        export_and_verify(small.serving_model_dir, small.model, spec, eval_data(small), str(tmp_path / "version"),
-                          options(formats=["saved_model", "tflite"], tflite_variants=["int8"],
-                                  max_quantized_auc_drop=-1.0))
+@pytest.fixture(scope="module")
+def exported_saved_model(exported):
+    return exported[0], SavedModelRunner(str(exported[0]))
+
+
+@pytest.mark.parametrize("variant", ["dynamic", "float16", "int8"])
+def test_quantized_variants_are_held_to_max_quantized_auc_drop_on_their_own(exported, exported_saved_model, small,
+                                                                            spec, variant):
+    """Each quantized variant's measured AUC drop against the SavedModel: a limit 1e-4 above it passes, 1e-4 below
+    fails, and the float limit plays no part (0 here, which only the SavedModel itself meets)."""
+    output_dir, result = exported
+    rows = {row["artifact"]: row for row in result["artifacts"]}
+    drop = rows[f"tflite/{variant}"]["check"]["value"]
+    assert drop == pytest.approx(result["reference"]["auc"] - rows[f"tflite/{variant}"]["auc"], abs=1e-12)
+    artifacts = {"saved_model": exported_saved_model,
+                 f"tflite/{variant}": (output_dir, TFLiteRunner(
+                     str(output_dir / "tflite" / f"model_{variant}.tflite"), spec))}
+    for limit, passes in [(drop + 1e-4, True), (drop - 1e-4, False)]:
+        checked = verify(artifacts, eval_data(small), options(max_quantized_auc_drop=limit, max_abs_diff=0.0))
+        row = checked["artifacts"][1]
+        assert row["check"]["figure"] == "auc_drop" and row["check"]["value"] == pytest.approx(drop, abs=1e-12)
+        assert row["check"]["passed"] is passes and checked["passed"] is passes

@@ -13,7 +13,7 @@ CARDINALITIES = {"payment_type_xf": 12, "lat_xf": 11}
 
 
 def training(**changes):
-    return dataclasses.asdict(dataclasses.replace(TrainingConfig(), **changes))
+    return dataclasses.replace(TrainingConfig(), **changes)
 
 
 def layers_of(model, kind):
@@ -112,6 +112,6 @@ def test_tuned_hyperparameters_replace_width_depth_and_rate():
     space = search_space()
     space.values.update({"units": 32, "depth": 3, "learning_rate": 0.005})
     tuned = apply_hyperparameters(training(), space.get_config())
-    assert tuned["hidden_units"] == [32, 16, 8]
-    assert tuned["learning_rate"] == pytest.approx(0.005)
+    assert tuned.hidden_units == [32, 16, 8]
+    assert tuned.learning_rate == pytest.approx(0.005)
     assert apply_hyperparameters(training(), None) == training()

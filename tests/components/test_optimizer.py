@@ -13,8 +13,9 @@ from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, sche
 from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.utils import json_utils
 
+from components.artifacts import keras_model_path
 from components.features import FeatureLayout
-from components.model import build_model, categorical_cardinalities, keras_model_path
+from components.model import build_model, categorical_cardinalities, save_keras_model
 from components.optimizer.component import Optimizer
 from components.optimizer.executor import Executor
 from components.optimizer.optimize import (
@@ -26,8 +27,18 @@ from components.optimizer.optimize import (
     optimize,
     prune_model,
 )
+from components.specs import (
+    CODE_FINGERPRINT_KEY,
+    EXAMPLES_KEY,
+    MODEL_KEY,
+    OPTIMIZE_KEY,
+    OPTIMIZED_MODEL_KEY,
+    OPTIMIZER_SECTIONS,
+    TRAINING_KEY,
+    TRANSFORM_GRAPH_KEY,
+)
 from components.transform import preprocessing_fn
-from pipeline.config import OptimizeConfig, TrainingConfig
+from pipeline.config import DistillConfig, OptimizeConfig, TrainingConfig, load_config, read_section
 
 NUMERIC = ["a_xf", "b_xf"]
 CARDINALITIES = {"c1_xf": 6, "c2_xf": 5}
@@ -38,11 +49,11 @@ SEED = 7
 
 
 def training(**changes):
-    return dataclasses.asdict(dataclasses.replace(TrainingConfig(), **changes))
+    return dataclasses.replace(TrainingConfig(), **changes)
 
 
 def options(**changes):
-    return dataclasses.asdict(dataclasses.replace(OptimizeConfig(), **changes))
+    return dataclasses.replace(OptimizeConfig(), **changes)
 
 
 def synthetic(n, seed):
@@ -57,13 +68,18 @@ def synthetic(n, seed):
     return features, labels
 
 
-@pytest.fixture(scope="module")
-def data():
+def datasets():
+    """Fresh (train, eval) datasets: a new shuffle order state each time, so two runs see the same batches."""
     train_x, train_y = synthetic(3000, seed=0)
     eval_x, eval_y = synthetic(1000, seed=1)
     train = tf.data.Dataset.from_tensor_slices((train_x, train_y)).shuffle(3000, seed=SEED).repeat().batch(64)
     evaluation = tf.data.Dataset.from_tensor_slices((eval_x, eval_y)).batch(256)
     return train, evaluation
+
+
+@pytest.fixture(scope="module")
+def data():
+    return datasets()
 
 
 def build_student():
@@ -158,25 +174,43 @@ def test_nothing_enabled_returns_the_same_model(teacher, data):
     assert "nothing done" in result.report["note"]
 
 
-def test_auc_gate_names_the_threshold_and_the_keys(teacher, data):
-    settings = options(prune=True, fine_tune_steps=20, max_auc_drop=-1.0)
+def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
+    """Pruning to 75% for 20 steps costs the teacher some AUC; the gate passes a limit 1e-4 above that cost and
+    fails one 1e-4 below it, with a message naming the figures and the keys to change."""
+    def run(max_auc_drop):
+        train, evaluation = datasets()
+        settings = options(prune=True, target_sparsity=0.75, fine_tune_steps=20, max_auc_drop=max_auc_drop)
+        return optimize(teacher, train, evaluation, settings, build_student, seed=SEED)
+
+    measured = run(1.0).report
+    drop = measured["pruned"]["auc_drop"]
+    assert drop == pytest.approx(measured["input"]["auc"] - measured["pruned"]["auc"], abs=1e-12)
+    assert measured["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.75, abs=0.01)
+
+    inside = run(drop + 1e-4)
+    assert inside.report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert inside.report["summary"]["output_stage"] == "pruned"
     with pytest.raises(OptimizationGateError) as caught:
-        optimize(teacher, data[0], data[1], settings, build_student, seed=SEED)
-    message = str(caught.value)
+        run(drop - 1e-4)
     assert isinstance(caught.value, ValueError)
-    assert "optimize.max_auc_drop=-1.0" in message and "optimize.fine_tune_steps" in message
     report = caught.value.report
-    assert report["pruned"]["auc_drop"] > -1.0
-    assert report["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.5, abs=0.01)
+    assert report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert report["summary"]["output_stage"] == "pruned"
+    assert str(caught.value) == (
+        f"pruning to 75% sparsity lowered the eval AUC by {report['pruned']['auc_drop']:.4f} "
+        f"({report['input']['auc']:.4f} to {report['pruned']['auc']:.4f}), more than "
+        f"optimize.max_auc_drop={drop - 1e-4}; allow a larger drop with optimize.max_auc_drop or fine-tune longer "
+        "with optimize.fine_tune_steps."
+    )
 
 
 # --- The executor on a real transform graph (TFT's Beam analysis of a few rows) and gzipped TFRecords. ---
 
 CUSTOM_CONFIG = {
-    "features": {"numeric": ["a", "b"], "bucket": [], "vocab": ["c"]},
+    "data": {"numeric_features": ["a", "b"], "bucket_features": [], "vocab_features": ["c"]},
     "label": {"name": "label", "column": "t", "threshold": 0.0, "relative_to": "", "positive_value": ""},
     "transform": {"bucket_count": 10, "vocab_size": 100, "oov_buckets": 1},
-    "training": training(hidden_units=[16, 8], seed=SEED),
+    "training": dataclasses.asdict(training(hidden_units=[16, 8], seed=SEED)),
 }
 RAW_SPEC = {
     "a": tf.io.FixedLenFeature([1], tf.float32),
@@ -237,14 +271,14 @@ def artifacts(tmp_path_factory):
     train = splits["train"][1]
     inputs = {k: v[:, None] for k, v in train.items() if k != "label"}
     tf.keras.utils.set_random_seed(SEED)
-    model = build_model(["a_xf", "b_xf"], categorical_cardinalities(FeatureLayout(CUSTOM_CONFIG), tft_output),
-                        CUSTOM_CONFIG["training"])
+    model = build_model(["a_xf", "b_xf"],
+                        categorical_cardinalities(FeatureLayout.from_properties(CUSTOM_CONFIG), tft_output),
+                        training(hidden_units=[16, 8], seed=SEED))
     model.fit(inputs, train["label"], batch_size=64, epochs=2, verbose=0)
     model_uri = root / "model"
     (model_uri / "Format-Serving").mkdir(parents=True)
     (model_uri / "Format-Serving" / "saved_model.pb").write_bytes(b"stand-in for the Trainer's SavedModel")
-    os.makedirs(os.path.dirname(keras_model_path(str(model_uri))))
-    model.save(keras_model_path(str(model_uri)))
+    save_keras_model(model, str(model_uri))
     return {"root": root, "graph": graph, "examples": str(examples), "model": str(model_uri), "eval": splits["eval"]}
 
 
@@ -255,16 +289,18 @@ def run_executor(artifacts, output_name, optimize_settings):
     examples.split_names = artifact_utils.encode_split_names(["train", "eval"])
     output.uri = str(artifacts["root"] / output_name)
     os.makedirs(output.uri)
-    config = {**CUSTOM_CONFIG, "optimize": optimize_settings}
-    Executor().Do({"model": [model], "transform_graph": [graph], "examples": [examples]},
-                  {"optimized_model": [output]}, {"custom_config": json_utils.dumps(config)})
+    properties = {key: json_utils.dumps(value) for key, value in CUSTOM_CONFIG.items()}
+    properties[OPTIMIZE_KEY] = json_utils.dumps(dataclasses.asdict(optimize_settings))
+    Executor().Do({MODEL_KEY: [model], TRANSFORM_GRAPH_KEY: [graph], EXAMPLES_KEY: [examples]},
+                  {OPTIMIZED_MODEL_KEY: [output]}, properties)
     with open(os.path.join(output.uri, "optimization_report.json")) as f:
         return output.uri, json.loads(f.read())
 
 
 def test_executor_distils_prunes_and_exports_like_the_trainer(artifacts):
-    settings = options(prune=True, target_sparsity=0.5, fine_tune_steps=60, batch_size=64, max_auc_drop=0.05)
-    settings["distill"].update(enabled=True, hidden_units=[8], steps=100)
+    # 0.25, not 0.5: a schedule that pruned to 1 - target would be caught.
+    settings = options(prune=True, target_sparsity=0.25, fine_tune_steps=60, batch_size=64, max_auc_drop=0.05,
+                       distill=DistillConfig(enabled=True, hidden_units=[8], steps=100))
     uri, report = run_executor(artifacts, "optimized", settings)
     assert report["stages"] == ["distill", "prune"]
     assert report["distilled"]["dense_units"] == [8, 1]
@@ -272,7 +308,7 @@ def test_executor_distils_prunes_and_exports_like_the_trainer(artifacts):
     assert report["summary"]["gzip_bytes_after"] < report["summary"]["gzip_bytes_before"]
 
     model = tf.keras.models.load_model(keras_model_path(uri), compile=False)
-    assert all(s == pytest.approx(0.5, abs=0.01) for s in kernel_sparsity(model).values())
+    assert all(s == pytest.approx(0.25, abs=0.01) for s in kernel_sparsity(model).values())
     # The SavedModel serves raw features through the Transform graph and agrees with the Keras model.
     raw, transformed = artifacts["eval"]
     served = tf.saved_model.load(os.path.join(uri, "Format-Serving"))
@@ -292,21 +328,28 @@ def test_executor_with_nothing_to_do_copies_the_trainers_artifact(artifacts):
 
 
 def test_executor_writes_the_report_when_the_gate_fails(artifacts):
-    settings = options(prune=True, fine_tune_steps=10, batch_size=64, max_auc_drop=-1.0)
-    with pytest.raises(OptimizationGateError, match="optimize.max_auc_drop"):
+    # Zeroing 95% of every kernel with 10 steps to recover costs more AUC than the default allowance of 0.01.
+    settings = options(prune=True, target_sparsity=0.95, fine_tune_steps=10, batch_size=64)
+    with pytest.raises(OptimizationGateError, match=r"more than optimize.max_auc_drop=0.01;"):
         run_executor(artifacts, "gated", settings)
     with open(artifacts["root"] / "gated" / "optimization_report.json") as f:
         report = json.load(f)
-    assert report["stages"] == ["prune"] and report["pruned"]["auc_drop"] > -1.0
+    assert report["stages"] == ["prune"] and report["pruned"]["auc_drop"] > 0.01
+    assert report["summary"]["auc_before"] - report["summary"]["auc_after"] == report["pruned"]["auc_drop"]
 
 
-def test_component_wiring():
-    config = {**CUSTOM_CONFIG, "optimize": options()}
+def test_component_carries_each_config_section_it_reads_typed():
+    config = load_config(None, ["optimize.target_sparsity=0.7", "training.seed=3"])
     component = Optimizer(
         model=Channel(type=standard_artifacts.Model),
         transform_graph=Channel(type=standard_artifacts.TransformGraph),
         examples=Channel(type=standard_artifacts.Examples),
-        custom_config=config,
+        sections=config.sections(*OPTIMIZER_SECTIONS),
+        code_fingerprint="abc",
     )
-    assert json_utils.loads(component.exec_properties["custom_config"]) == config
-    assert component.outputs["optimized_model"].type == standard_artifacts.Model
+    properties = component.exec_properties
+    assert sorted(properties) == sorted([*OPTIMIZER_SECTIONS, CODE_FINGERPRINT_KEY])
+    assert read_section(properties, OPTIMIZE_KEY, OptimizeConfig) == config.optimize
+    assert read_section(properties, TRAINING_KEY, TrainingConfig) == config.training
+    assert FeatureLayout.from_properties(properties).data == config.data
+    assert component.outputs[OPTIMIZED_MODEL_KEY].type == standard_artifacts.Model

@@ -83,7 +83,7 @@ def schemas():
 
 def settings(tmp_path, *overrides):
     config = load_config(None, ["training.backend=tfjob", f"output_root={tmp_path}", *overrides])
-    return config.module_config()["training"]
+    return config.resolved_training()
 
 
 def validate(schema, job):
@@ -92,7 +92,7 @@ def validate(schema, job):
 
 def test_kubeflow_job_for_four_workers_matches_the_crd(tmp_path, schemas):
     training = settings(tmp_path, "training.workers=4", "training.tfjob.image=registry.example/tfx-mlops:1")
-    job = build_tfjob("trainer-abc", f"{tmp_path}/spec.json", 4, training["tfjob"])
+    job = build_tfjob("trainer-abc", f"{tmp_path}/spec.json", 4, training.tfjob)
     validate(schemas["kubeflow"], job)
     assert job["apiVersion"] == "kubeflow.org/v1"
     worker = job["spec"]["tfReplicaSpecs"]["Worker"]
@@ -108,7 +108,7 @@ def test_kubeflow_job_for_four_workers_matches_the_crd(tmp_path, schemas):
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "mlops-pipeline-root"}
     assert pod["serviceAccountName"] == "mlops-trainer"
     # What the restricted Pod Security Standard asks of a pod, as the image's own user.
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
@@ -117,7 +117,7 @@ def test_kubedl_job_records_a_model_version(tmp_path, schemas):
     training = settings(tmp_path, "training.tfjob.operator=kubedl", "training.tfjob.model_version_name=taxi",
                         "training.tfjob.model_image_repo=registry.example/taxi-model",
                         "training.tfjob.model_nfs_server=10.0.0.5", "training.tfjob.model_nfs_path=/exports/models")
-    job = build_tfjob("trainer-abc", "/x/spec.json", 2, training["tfjob"])
+    job = build_tfjob("trainer-abc", "/x/spec.json", 2, training.tfjob)
     validate(schemas["kubedl"], job)
     assert job["apiVersion"] == "training.kubedl.io/v1alpha1"
     assert job["spec"]["cleanPodPolicy"] == "Running", "KubeDL keeps the run policy inline"
@@ -155,7 +155,7 @@ WORKER_POD = ("spec", "tfReplicaSpecs", "Worker", "template", "spec")
     ],
 )
 def test_a_broken_field_fails_validation(tmp_path, schemas, path, value):
-    job = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path)["tfjob"])
+    job = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path).tfjob)
     validate(schemas["kubeflow"], job)
     broken = copy.deepcopy(job)
     _set(broken, path, value)
@@ -164,7 +164,7 @@ def test_a_broken_field_fails_validation(tmp_path, schemas, path, value):
 
 
 def test_a_container_without_its_required_name_fails(tmp_path, schemas):
-    job = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path)["tfjob"])
+    job = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path).tfjob)
     del job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"]
     with pytest.raises(jsonschema.ValidationError, match="'name' is a required property"):
         validate(schemas["kubeflow"], job)
@@ -208,7 +208,7 @@ def running(active, succeeded=0):
 
 @pytest.fixture
 def job(tmp_path, schemas):
-    built = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path)["tfjob"])
+    built = build_tfjob("trainer-abc", "/x/spec.json", 2, settings(tmp_path).tfjob)
     validate(schemas["kubeflow"], built)
     return built
 
@@ -290,7 +290,7 @@ def test_the_executor_path_writes_the_spec_where_the_pods_read_it(tmp_path, sche
     spec = WorkerSpec(run_fn="components.model.run_fn", train_files=["t/*"], eval_files=["e/*"],
                       serving_model_dir=str(tmp_path / "model" / "Format-Serving"), model_run_dir=str(model_run))
     api, lines = FakeCustomObjectsApi([running(2), {"conditions": [condition("Succeeded")]}]), []
-    training["tfjob"]["poll_seconds"] = 0.01
+    training.tfjob.poll_seconds = 0.01
     where = run_distributed_training(spec, training, tfjob_name(str(model_run)), lambda i, line: lines.append(line),
                                      tfjob_api=api)
     (created,) = api.created
@@ -338,8 +338,8 @@ def test_the_once_only_manifests_match_the_kubernetes_models(folder):
 def test_the_tfjob_template_is_what_the_code_builds(schemas):
     (template,) = manifests(K8S_TRAINING / "job")
     validate(schemas["kubeflow"], template)
-    training = load_config(None, ["training.backend=tfjob", "output_root=/mlops/outputs"]).module_config()["training"]
+    training = load_config(None, ["training.backend=tfjob", "output_root=/mlops/outputs"]).resolved_training()
     command = template["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
-    built = build_tfjob(template["metadata"]["name"], command[-1], 2, training["tfjob"])
+    built = build_tfjob(template["metadata"]["name"], command[-1], 2, training.tfjob)
     assert template["spec"] == built["spec"], "the template drifted from components/distributed/tfjob.py"
     assert template["metadata"]["labels"] == built["metadata"]["labels"]

@@ -8,10 +8,12 @@ import tensorflow_transform.beam as tft_beam
 from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils
 
 from components.exporter.preprocessing import RequestError, build_spec, preprocess
+from components.features import FeatureLayout
 from components.transform import preprocessing_fn
 
 CUSTOM_CONFIG = {
-    "features": {"numeric": ["fare", "trip_miles"], "bucket": ["lat"], "vocab": ["payment_type", "hour"]},
+    "data": {"numeric_features": ["fare", "trip_miles"], "bucket_features": ["lat"],
+             "vocab_features": ["payment_type", "hour"]},
     "label": {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""},
     "transform": {"bucket_count": 2, "vocab_size": 100, "oov_buckets": 1},
 }
@@ -54,7 +56,7 @@ def transformed(transform_run):
 
 @pytest.fixture(scope="module")
 def spec(transform_run):
-    return build_spec(transform_run[1], CUSTOM_CONFIG)
+    return build_spec(transform_run[1], FeatureLayout.from_properties(CUSTOM_CONFIG))
 
 
 def request_columns(rows):

@@ -193,7 +193,7 @@ def test_the_kubedl_path_links_tfjob_modelversion_and_inference():
         "training.tfjob.model_nfs_server=nfs.mlops.svc.cluster.local", "training.tfjob.model_nfs_path=/exports/models",
         "training.tfjob.mount_path=/mlops/outputs", "output_root=/mlops/outputs"])
     built = build_tfjob("taxi-trainer", "/mlops/outputs/train/taxi/model_run/workers/spec.json", 2,
-                        config.module_config()["training"]["tfjob"])
+                        config.resolved_training().tfjob)
     [tfjob] = documents(REPO / "k8s/kubedl/tfjob.yaml")
     assert tfjob == built, "k8s/kubedl/tfjob.yaml is what the Trainer builds for these settings"
     [model_version] = [d for d in documents(REPO / "k8s/kubedl/modelversion.yaml")]

@@ -14,9 +14,10 @@ def test_defaults_are_one_local_worker():
 
 def test_tfjob_mount_path_defaults_to_the_absolute_output_root(tmp_path):
     config = load_config(None, ["training.backend=tfjob", f"output_root={tmp_path}/out"])
-    assert config.module_config()["training"]["tfjob"]["mount_path"] == os.path.abspath(f"{tmp_path}/out")
+    assert config.resolved_training().tfjob.mount_path == os.path.abspath(f"{tmp_path}/out")
+    assert config.sections("training")["training"]["tfjob"]["mount_path"] == os.path.abspath(f"{tmp_path}/out")
     local = load_config(None, [f"output_root={tmp_path}/out"])
-    assert local.module_config()["training"]["tfjob"]["mount_path"] == ""
+    assert local.resolved_training().tfjob.mount_path == ""
 
 
 @pytest.mark.parametrize(

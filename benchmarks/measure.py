@@ -1,0 +1,40 @@
+"""Running a command while sampling the resident memory of its whole process tree."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_measured(command: list[str], env: dict[str, str], log_path: Path) -> tuple[float, float]:
+    """Runs `command`, returns (wall seconds, peak resident GiB summed over the process tree)."""
+    peak = 0.0
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        root = psutil.Process(process.pid)
+        done = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                try:
+                    tree = [root, *root.children(recursive=True)]
+                    peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()) / 2**30)
+                except psutil.Error:
+                    pass
+                done.wait(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        code = process.wait()
+        done.set()
+        sampler.join()
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} failed with exit code {code}; see {log_path}")
+    return time.monotonic() - started, peak

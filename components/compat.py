@@ -1,0 +1,35 @@
+"""The switches this project sets inside TensorFlow and TFX, in one place, each fenced against upgrades.
+
+- Keras 2: TFX 1.16's Trainer, tensorflow-model-optimization and the converters need `tf_keras`; TensorFlow reads
+  TF_USE_LEGACY_KERAS once, at its import, so `select_legacy_keras` runs before anything imports TensorFlow
+  (components/__init__.py calls it).
+- AutoGraph: TF 2.16 tells AutoGraph to leave `keras` alone but not `tf_keras`, so every first `model.fit`
+  re-transpiles Keras' own training loop (about a minute on 2 cores). The rule that skips it lives in a private
+  module; when that module changes, training still works, only slower, and a warning says so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
+
+
+def select_legacy_keras() -> None:
+    """Makes `tf.keras` mean tf_keras (Keras 2) for this process and the processes it starts."""
+    os.environ.setdefault(LEGACY_KERAS_VARIABLE, "1")
+
+
+def skip_autograph_for_tf_keras() -> bool:
+    """Adds a do-not-convert rule for `tf_keras` to AutoGraph; returns whether the rule is in place."""
+    try:
+        from tensorflow.python.autograph.core import config as autograph_config
+
+        rules = autograph_config.CONVERSION_RULES
+        if not any(getattr(rule, "module_prefix", None) == "tf_keras" for rule in rules):
+            autograph_config.CONVERSION_RULES = (autograph_config.DoNotConvert("tf_keras"), *rules)
+        return True
+    except (ImportError, AttributeError, TypeError) as error:
+        logging.getLogger(__name__).warning(
+            "could not tell AutoGraph to skip tf_keras (%s); training works, but the first fit is slower", error)
+        return False

@@ -1,0 +1,35 @@
+"""Keys of the components' inputs, outputs and properties, shared by specs, executors, the DAG and the tests, as
+TFX's own `standard_component_specs` are for its components.
+
+Configuration crosses the component boundary as typed sections of PipelineConfig: the DAG writes each section a
+component reads under the section's name (`PipelineConfig.sections`), and the component reads it back with
+`pipeline.config.read_section`, into the same dataclass.
+"""
+from tfx.types import standard_component_specs as tfx_specs
+
+# Channels (TFX's names where TFX has one).
+EXAMPLES_KEY = tfx_specs.EXAMPLES_KEY
+MODEL_KEY = tfx_specs.MODEL_KEY
+MODEL_BLESSING_KEY = tfx_specs.MODEL_BLESSING_KEY
+TRANSFORM_GRAPH_KEY = tfx_specs.TRANSFORM_GRAPH_KEY
+ANOMALIES_KEY = tfx_specs.ANOMALIES_KEY
+# TFX wants argument names unique across a component's inputs and outputs, hence not "model".
+OPTIMIZED_MODEL_KEY = "optimized_model"
+EXPORTED_MODEL_KEY = "exported_model"
+
+# Properties: one per config section, named like the section, plus the module code's fingerprint.
+DATA_KEY = "data"
+LABEL_KEY = "label"
+TRANSFORM_KEY = "transform"
+TRAINING_KEY = "training"
+TUNER_KEY = "tuner"
+OPTIMIZE_KEY = "optimize"
+EXPORT_KEY = "export"
+# A hash of components/ (pipeline.pipeline.code_fingerprint): TFX's cache keys on properties, not on source code.
+CODE_FINGERPRINT_KEY = "code_fingerprint"
+
+# The sections each piece of module code and each custom component reads.
+FEATURE_SECTIONS = (DATA_KEY, LABEL_KEY, TRANSFORM_KEY)
+TRAINER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, TUNER_KEY)
+OPTIMIZER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, OPTIMIZE_KEY)
+EXPORTER_SECTIONS = (*FEATURE_SECTIONS, EXPORT_KEY)

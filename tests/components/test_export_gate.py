@@ -1,0 +1,251 @@
+"""The export gate at its thresholds, one format at a time: float formats by their largest probability difference
+from the SavedModel (export.max_abs_diff), quantized TFLite variants by the eval AUC they lose
+(export.max_quantized_auc_drop). Probabilities of a taxi-like model on 2,000 eval rows, perturbed as converters do:
+float32 rounding noise for float formats, coarser scores for quantized ones."""
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from components.exporter import export
+from components.exporter.export import (
+    FLOAT_ARTIFACTS,
+    EvalData,
+    ExportGateError,
+    check_artifact,
+    export_and_verify,
+    gate_message,
+    verify,
+)
+from components.exporter.runtimes import Runner
+from pipeline.config import ExportConfig
+
+QUANTIZED_ARTIFACTS = ("tflite/dynamic", "tflite/float16", "tflite/int8")
+# Non-default limits, so a gate that reads the default or the other format's limit fails these tests.
+MAX_ABS_DIFF = 5e-5
+MAX_AUC_DROP = 0.02
+
+
+def options(**changes):
+    settings = {"max_abs_diff": MAX_ABS_DIFF, "max_quantized_auc_drop": MAX_AUC_DROP, "latency_rows": 3}
+    return dataclasses.replace(ExportConfig(), **{**settings, **changes})
+
+
+@pytest.fixture(scope="module")
+def eval_set():
+    """Labels and the SavedModel's float32 probabilities for 2,000 rows: a logistic model with AUC near 0.9."""
+    rng = np.random.default_rng(16)
+    logits = rng.normal(0.0, 2.0, 2000)
+    labels = (rng.random(2000) < 1 / (1 + np.exp(-logits))).astype(np.int64)
+    reference = (1 / (1 + np.exp(-logits))).astype(np.float32)
+    assert 0.8 < roc_auc_score(labels, reference) < 0.95
+    return reference, labels
+
+
+def float_noise(reference, largest, seed=0):
+    """`reference` with float32-sized noise on every row, whose largest absolute value is `largest` (row 7)."""
+    rng = np.random.default_rng(seed)
+    noisy = reference + rng.uniform(-0.5, 0.5, reference.shape).astype(np.float32) * np.float32(largest)
+    noisy[7] = reference[7] + np.float32(largest)
+    return noisy.astype(np.float32)
+
+
+def auc_drop(labels, reference, candidate):
+    return roc_auc_score(labels, reference) - roc_auc_score(labels, candidate)
+
+
+def with_auc_drop(reference, labels, low, high):
+    """Scores that lose between `low` and `high` of AUC: the reference blended with noise, found by bisection."""
+    noise = np.random.default_rng(1).normal(0.0, 0.3, reference.shape)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        weight = (lo + hi) / 2
+        candidate = np.clip(reference + weight * noise, 0, 1).astype(np.float32)
+        drop = auc_drop(labels, reference, candidate)
+        if low < drop < high:
+            return candidate
+        lo, hi = (weight, hi) if drop <= low else (lo, weight)
+    raise AssertionError(f"no blend loses between {low} and {high} of AUC")
+
+
+def test_the_formats_split_into_float_and_quantized():
+    assert set(FLOAT_ARTIFACTS) == {"saved_model", "tflite/float32", "onnx", "tfjs"}
+
+
+@pytest.mark.parametrize("name", FLOAT_ARTIFACTS)
+@pytest.mark.parametrize("largest, passes", [(0.98 * MAX_ABS_DIFF, True), (1.02 * MAX_ABS_DIFF, False)])
+def test_float_format_at_max_abs_diff(eval_set, name, largest, passes):
+    reference, labels = eval_set
+    probabilities = float_noise(reference, largest)
+    row = check_artifact(name, probabilities, reference, labels, options())
+    assert row["max_abs_diff"] == pytest.approx(largest, rel=1e-3)
+    assert row["auc"] == pytest.approx(roc_auc_score(labels, probabilities))
+    assert row["check"] == {"figure": "max_abs_diff", "value": row["max_abs_diff"], "threshold": MAX_ABS_DIFF,
+                            "config_key": "export.max_abs_diff", "passed": passes}
+
+
+@pytest.mark.parametrize("name", FLOAT_ARTIFACTS)
+def test_float_format_is_judged_by_its_difference_not_by_auc(eval_set, name):
+    reference, labels = eval_set
+    # Rounding noise leaves AUC as it is; the quantized allowance, however generous or strict, does not apply.
+    close, far = float_noise(reference, 0.5 * MAX_ABS_DIFF), float_noise(reference, 3 * MAX_ABS_DIFF)
+    assert check_artifact(name, close, reference, labels, options(max_quantized_auc_drop=-0.5))["check"]["passed"]
+    assert not check_artifact(name, far, reference, labels, options(max_quantized_auc_drop=0.5))["check"]["passed"]
+
+
+@pytest.mark.parametrize("name", QUANTIZED_ARTIFACTS)
+@pytest.mark.parametrize("low, high, passes", [(0.0190, 0.0199, True), (0.0201, 0.0210, False)])
+def test_quantized_variant_at_max_quantized_auc_drop(eval_set, name, low, high, passes):
+    reference, labels = eval_set
+    quantized = with_auc_drop(reference, labels, low, high)
+    row = check_artifact(name, quantized, reference, labels, options())
+    assert low < row["check"]["value"] < high
+    assert row["check"]["value"] == pytest.approx(auc_drop(labels, reference, quantized))
+    assert row["check"] == {"figure": "auc_drop", "value": row["check"]["value"], "threshold": MAX_AUC_DROP,
+                            "config_key": "export.max_quantized_auc_drop", "passed": passes}
+    # Blending with noise moves probabilities far more than max_abs_diff: quantized variants are not held to it.
+    assert row["max_abs_diff"] > 100 * MAX_ABS_DIFF
+
+
+@pytest.mark.parametrize("name", QUANTIZED_ARTIFACTS)
+def test_a_quantized_variant_that_gains_auc_passes(eval_set, name):
+    reference, labels = eval_set
+    # The SavedModel is the worse model here: the variant gains 0.02-0.03 of AUC, a drop of -0.02 or less.
+    worse = with_auc_drop(reference, labels, 0.0201, 0.03)
+    row = check_artifact(name, reference, worse, labels, options())
+    assert row["check"]["value"] < -MAX_AUC_DROP
+    assert row["check"]["passed"]
+
+
+def test_figures_exactly_at_their_thresholds_pass(eval_set):
+    reference, labels = eval_set
+    probabilities = float_noise(reference, 0.7 * MAX_ABS_DIFF)
+    diff = float(np.max(np.abs(probabilities - reference)))
+    assert check_artifact("onnx", probabilities, reference, labels, options(max_abs_diff=diff))["check"]["passed"]
+    quantized = with_auc_drop(reference, labels, 0.01, 0.02)
+    drop = export._metrics(reference, labels)["auc"] - export._metrics(quantized, labels)["auc"]
+    assert check_artifact("tflite/int8", quantized, reference, labels,
+                          options(max_quantized_auc_drop=drop))["check"]["passed"]
+
+
+def test_metrics_accuracy_counts_one_half_as_positive_and_auc_needs_both_classes():
+    probabilities = np.array([0.2, 0.5, 0.7, 0.4], dtype=np.float32)
+    metrics = export._metrics(probabilities, np.array([0, 1, 1, 1]))
+    assert metrics == {"auc": 1.0, "accuracy": 0.75}
+    one_class = export._metrics(probabilities, np.array([1, 1, 1, 1]))
+    assert np.isnan(one_class["auc"]) and one_class["accuracy"] == 0.5
+
+
+class FixedRunner(Runner):
+    """Stands in for a format's runtime: answers fixed probabilities (the rows' order is the request's)."""
+
+    def __init__(self, probabilities):
+        self.probabilities = probabilities
+
+    def predict(self, columns):
+        return self.probabilities[: len(columns["row"])]
+
+
+def stand_in_artifacts(tmp_path, eval_set, onnx_diff, int8_drop):
+    reference, labels = eval_set
+    low, high = int8_drop
+    outputs = {"saved_model": reference, "onnx": float_noise(reference, onnx_diff),
+               "tflite/int8": with_auc_drop(reference, labels, low, high)}
+    artifacts = {}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for i, (name, probabilities) in enumerate(outputs.items()):
+        path = tmp_path / f"model{i}.bin"
+        path.write_bytes(b"\0" * (1000 * (i + 1)))
+        artifacts[name] = (path, FixedRunner(probabilities))
+    return artifacts, EvalData({"row": np.arange(len(labels))}, labels, {})
+
+
+def test_verify_reports_every_format_and_passes_only_when_each_does(tmp_path, eval_set):
+    artifacts, data = stand_in_artifacts(tmp_path, eval_set, 0.9 * MAX_ABS_DIFF, (0.005, 0.015))
+    result = verify(artifacts, data, options())
+    assert result["passed"] and result["eval_rows"] == 2000
+    assert result["reference"] == {"artifact": "saved_model", **export._metrics(eval_set[0], eval_set[1])}
+    rows = {row["artifact"]: row for row in result["artifacts"]}
+    assert list(rows) == ["saved_model", "onnx", "tflite/int8"]
+    assert rows["saved_model"]["max_abs_diff"] == 0.0 and rows["saved_model"]["size_bytes"] == 1000
+    assert rows["onnx"]["max_abs_diff"] == pytest.approx(0.9 * MAX_ABS_DIFF, rel=1e-3)
+    assert rows["tflite/int8"]["size_bytes"] == 3000 and rows["tflite/int8"]["check"]["figure"] == "auc_drop"
+    for name, row in rows.items():
+        assert row["path"] == str(artifacts[name][0]) and row["latency_ms_p50"] > 0
+        assert row["auc"] == pytest.approx(roc_auc_score(data.labels, artifacts[name][1].probabilities))
+        assert row["check"]["passed"]
+
+    for onnx_diff, int8_drop, failing in [(1.1 * MAX_ABS_DIFF, (0.005, 0.015), {"onnx"}),
+                                          (0.9 * MAX_ABS_DIFF, (0.021, 0.03), {"tflite/int8"})]:
+        artifacts, data = stand_in_artifacts(tmp_path / str(onnx_diff), eval_set, onnx_diff, int8_drop)
+        result = verify(artifacts, data, options())
+        assert not result["passed"]
+        assert {r["artifact"] for r in result["artifacts"] if not r["check"]["passed"]} == failing
+
+
+def test_verify_sizes_a_model_folder_without_what_lies_beside_it(tmp_path, eval_set):
+    reference, labels = eval_set
+    saved_model, tfjs = tmp_path / "version", tmp_path / "version" / "tfjs"
+    files = {saved_model / "saved_model.pb": 100, saved_model / "variables" / "variables.data-00000-of-00001": 200,
+             saved_model / "assets" / "vocab.txt": 50, saved_model / "export_report.json": 1000,
+             tfjs / "model.json": 10, tfjs / "group1-shard1of1.bin": 20, tfjs / "preprocessing.mjs": 3000}
+    for path, size in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * size)
+    artifacts = {"saved_model": (saved_model, FixedRunner(reference)), "tfjs": (tfjs, FixedRunner(reference))}
+    result = verify(artifacts, EvalData({"row": np.arange(len(labels))}, labels, {}), options())
+    assert [row["size_bytes"] for row in result["artifacts"]] == [350, 30]
+
+
+def test_gate_message_names_each_failing_format_its_figure_and_key():
+    result = {"artifacts": [
+        {"artifact": "saved_model", "check": {"figure": "max_abs_diff", "value": 0.0, "threshold": 5e-5,
+                                              "config_key": "export.max_abs_diff", "passed": True}},
+        {"artifact": "onnx", "check": {"figure": "max_abs_diff", "value": 5.1e-05, "threshold": 5e-5,
+                                       "config_key": "export.max_abs_diff", "passed": False}},
+        {"artifact": "tflite/int8", "check": {"figure": "auc_drop", "value": 0.0203, "threshold": 0.02,
+                                              "config_key": "export.max_quantized_auc_drop", "passed": False}},
+    ]}
+    assert gate_message(result) == (
+        "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
+        "tflite/int8: auc_drop 0.0203 is above the threshold 0.02 (export.max_quantized_auc_drop)"
+    )
+
+
+@pytest.mark.parametrize("onnx_diff, passes", [(0.9 * MAX_ABS_DIFF, True), (1.1 * MAX_ABS_DIFF, False)])
+def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monkeypatch, onnx_diff, passes):
+    """The Exporter's function with the converters stood in: the report lands either way; a miss raises."""
+    _, data = stand_in_artifacts(tmp_path / "unused", eval_set, onnx_diff, (0.005, 0.015))
+    data.representative = {"row": np.arange(10)}
+    model, spec, optimization = object(), {"features": []}, {"stages": ["prune"]}
+    output_dir = tmp_path / "version"
+    output_dir.mkdir()
+
+    def export_formats(*args):
+        # The formats are built in a staging folder, then copied to the artifact's folder with the report.
+        staging = Path(args[3])
+        assert args[:3] + args[4:] == ("serving_model", model, spec, options(), data.representative)
+        assert staging != output_dir and staging.is_dir()
+        return stand_in_artifacts(staging, eval_set, onnx_diff, (0.005, 0.015))[0]
+
+    monkeypatch.setattr(export, "export_formats", export_formats)
+    # The Exporter's clock reads 100.0 when it starts and 112.34 ever after: the report says 12.3 seconds.
+    readings = iter([100.0])
+    monkeypatch.setattr(export, "time", SimpleNamespace(perf_counter=lambda: next(readings, 112.34)))
+    if passes:
+        result = export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
+        assert result["passed"] and result["optimization"] == optimization and result["seconds"] == 12.3
+    else:
+        with pytest.raises(ExportGateError) as error:
+            export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
+    report = json.loads((output_dir / "export_report.json").read_text())
+    if not passes:
+        assert str(error.value) == (f"export verification failed, nothing is pushed: {gate_message(report)}. "
+                                    f"Report: {output_dir / 'export_report.json'}")
+        assert gate_message(report).startswith("onnx: max_abs_diff ")
+    assert report["passed"] is passes and report["optimization"] == optimization
+    assert (output_dir / "export_report.html").is_file()

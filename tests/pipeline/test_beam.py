@@ -1,0 +1,94 @@
+"""`beam.runner` and its keys become Beam's pipeline arguments in one place (pipeline/beam.py), checked up front."""
+import csv
+
+import numpy as np
+import pytest
+
+from benchmarks.taxi_data import read_sample, write_synthetic
+from pipeline.beam import beam_pipeline_args
+from pipeline.config import ConfigError, load_config
+
+SETUP = "/app/setup.py"
+
+
+def args_for(*overrides):
+    return beam_pipeline_args(load_config(None, list(overrides)).beam, SETUP)
+
+
+def test_direct_runner_is_the_default():
+    assert args_for() == ["--runner=DirectRunner", f"--setup_file={SETUP}", "--direct_running_mode=multi_processing",
+                          "--direct_num_workers=0"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["beam.runner=PortableRunner", "beam.job_endpoint=localhost:8099", "beam.environment_type=EXTERNAL",
+      "beam.environment_config=localhost:50000"],
+     ["--job_endpoint=localhost:8099", "--environment_type=EXTERNAL", "--environment_config=localhost:50000"]),
+    (["beam.runner=FlinkRunner", "beam.flink_master=flink-jobmanager:8081",
+      "beam.environment_config=registry.example/beam-sdk:2.61", "beam.parallelism=8"],
+     ["--flink_master=flink-jobmanager:8081", "--environment_type=DOCKER",
+      "--environment_config=registry.example/beam-sdk:2.61", "--parallelism=8"]),
+    (["beam.runner=SparkRunner", "beam.spark_master_url=spark://spark-master:7077",
+      "beam.environment_config=registry.example/beam-sdk:2.61"],
+     ["--spark_master_url=spark://spark-master:7077", "--environment_type=DOCKER",
+      "--environment_config=registry.example/beam-sdk:2.61"]),
+    (["beam.runner=DataflowRunner", "beam.project=my-project", "beam.region=europe-west1",
+      "beam.temp_location=gs://bucket/tmp", "beam.extra_args=[--max_num_workers=20]"],
+     ["--project=my-project", "--region=europe-west1", "--temp_location=gs://bucket/tmp", "--max_num_workers=20"]),
+])
+def test_each_runner_gets_its_arguments(overrides, expected):
+    runner = overrides[0].split("=")[1]
+    assert args_for(*overrides) == [f"--runner={runner}", f"--setup_file={SETUP}", *expected]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["beam.runner=FlinkRunner"], "beam.runner FlinkRunner needs beam.flink_master"),
+    (["beam.runner=SparkRunner"], "beam.runner SparkRunner needs beam.spark_master_url"),
+    (["beam.runner=PortableRunner", "beam.job_endpoint=localhost:8099"],
+     "beam.environment_type DOCKER needs beam.environment_config"),
+    (["beam.runner=DataflowRunner", "beam.project=p"], "needs beam.region and beam.temp_location"),
+    (["beam.runner=DataflowRunner", "beam.project=p", "beam.region=r", "beam.temp_location=/tmp"],
+     "beam.temp_location must be a gs:// folder"),
+    (["beam.runner=SamzaRunner"], "'beam.runner' must be one of 'DirectRunner', 'PortableRunner'"),
+])
+def test_a_runner_without_what_it_needs_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_the_pipeline_passes_them_to_every_beam_component(tmp_path):
+    from pipeline.pipeline import create_pipeline
+
+    config = load_config(None, [f"output_root={tmp_path}", "beam.runner=PortableRunner",
+                                "beam.job_endpoint=localhost:8099", "beam.environment_type=LOOPBACK"])
+    tfx_pipeline = create_pipeline(config, data_only=True)
+    assert [node.id for node in tfx_pipeline.components][-1] == "Transform"
+    assert tfx_pipeline.beam_pipeline_args[:1] == ["--runner=PortableRunner"]
+    assert "--job_endpoint=localhost:8099" in tfx_pipeline.beam_pipeline_args
+
+
+def test_the_synthetic_data_keeps_the_sample_s_columns_and_distributions(tmp_path):
+    header, sample = read_sample()
+    assert write_synthetic(tmp_path / "a", 2, seed=3) == 2 * len(sample)
+    write_synthetic(tmp_path / "b", 2, seed=3)
+    assert (tmp_path / "a" / "data.csv").read_bytes() == (tmp_path / "b" / "data.csv").read_bytes()
+    with open(tmp_path / "a" / "data.csv", newline="") as f:
+        reader = csv.reader(f)
+        assert next(reader) == header
+        rows = list(reader)
+    column = {name: i for i, name in enumerate(header)}
+
+    def share(table, predicate):
+        return np.mean([predicate(row) for row in table])
+
+    def big_tipper(row):
+        return bool(row[column["tips"]]) and float(row[column["tips"]]) > 0.2 * float(row[column["fare"]] or 0)
+
+    assert share(rows, big_tipper) == pytest.approx(share(sample, big_tipper), abs=0.01)
+    for name in ("pickup_latitude", "company", "trip_miles"):
+        index = column[name]
+        missing = share(rows, lambda r, i=index: r[i] == "")
+        assert missing == pytest.approx(share(sample, lambda r, i=index: r[i] == ""), abs=0.01), name
+    fares = [float(r[column["fare"]]) for r in rows if r[column["fare"]]]
+    assert np.mean(fares) == pytest.approx(np.mean([float(r[column["fare"]]) for r in sample]), rel=0.03)
+    assert len({tuple(r) for r in rows}) > 0.9 * len(rows), "rows are jittered, not copied"

@@ -1,0 +1,134 @@
+"""mlops compile kubeflow: the local DAG compiled by TFX's KubeflowV2DagRunner; mlops submit kubeflow against a fake
+KFP API server."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import cli
+from pipeline.config import load_config
+from pipeline.kubeflow import IMAGE_PROJECT_ROOT, KubeflowError, compile_pipeline, embedded_sample_in_image, submit
+from pipeline.pipeline import create_pipeline
+from tests.fake_kfp import FakeKfpServer
+
+IMAGE = "registry.example/tfx-mlops:1.0"
+KUBEFLOW = ["kubeflow.output_root=gs://bucket/tfx-mlops", f"kubeflow.image={IMAGE}"]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kfp")
+    config = load_config(None, [*KUBEFLOW, f"output_root={folder}/local"])
+    return config, {name: compile_pipeline(config, str(folder / name))
+                    for name in ("pipeline.yaml", "again.yaml", "pipeline.json")}
+
+
+def local_dag(config, baseline):
+    """Node id -> upstream node ids of the DAG LocalDagRunner runs, with the given baseline."""
+    config = load_config(None, [*KUBEFLOW, f"output_root={config.output_root}", f"evaluation.baseline={baseline}"])
+    return {node.id: sorted(n.id for n in node.upstream_nodes) for node in create_pipeline(config).components}
+
+
+def test_the_yaml_spec_has_every_local_component_with_the_same_dependencies(compiled):
+    config, results = compiled
+    spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
+    assert spec["schemaVersion"] == "2.1.0" and spec["pipelineInfo"]["name"] == "taxi"
+    local = local_dag(config, "none")
+    assert results["pipeline.yaml"].tasks == local
+    assert set(spec["root"]["dag"]["tasks"]) == set(local) == {
+        "CsvExampleGen", "StatisticsGen", "ImportSchemaGen", "ExampleValidator", "DataValidationGate", "Transform",
+        "Trainer", "Optimizer", "Evaluator", "Exporter", "Publisher"}
+    assert any("evaluation.baseline previous_blessed -> none" in note for note in results["pipeline.yaml"].notes)
+
+
+def test_every_component_runs_in_the_configured_image_with_the_image_paths(compiled):
+    _, results = compiled
+    spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    assert len(executors) == 11
+    for name, executor in executors.items():
+        container = executor["container"]
+        assert container["image"] == IMAGE, name
+        assert container["command"][:3] == ["python", "-m", "tfx.orchestration.kubeflow.v2.container."
+                                            "kubeflow_v2_run_executor"]
+    beam_args = executors["Transform_executor"]["container"]["args"]
+    assert f"--setup_file={IMAGE_PROJECT_ROOT}/setup.py" in beam_args
+    schema = spec["root"]["dag"]["tasks"]["ImportSchemaGen"]["inputs"]["parameters"]["schema_file"]
+    assert schema["runtimeValue"]["constant"] == f"{IMAGE_PROJECT_ROOT}/pipeline/configs/taxi_schema.pbtxt"
+    assert results["pipeline.yaml"].pipeline_root == "gs://bucket/tfx-mlops/pipelines/taxi"
+    publisher = spec["root"]["dag"]["tasks"]["Publisher"]["inputs"]["parameters"]
+    assert publisher["serving_base_dir"]["runtimeValue"]["constant"] == "gs://bucket/tfx-mlops/serving"
+
+
+def test_the_spec_carries_the_runtime_parameters_with_their_defaults(compiled):
+    _, results = compiled
+    spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters == {
+        "data_root": {"parameterType": "STRING", "defaultValue": embedded_sample_in_image(), "isOptional": True},
+        "train_args": {"parameterType": "STRING", "defaultValue": '{"num_steps": 2000}', "isOptional": True},
+    }
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks["CsvExampleGen"]["inputs"]["parameters"]["input_base"] == {"componentInputParameter": "data_root"}
+    assert tasks["Trainer"]["inputs"]["parameters"]["train_args"] == {"componentInputParameter": "train_args"}
+
+
+def test_compiling_twice_gives_the_same_bytes(compiled):
+    _, results = compiled
+    assert Path(results["pipeline.yaml"].path).read_bytes() == Path(results["again.yaml"].path).read_bytes()
+
+
+def test_the_vertex_job_keeps_the_blessed_model_baseline(compiled):
+    config, results = compiled
+    job = json.loads(Path(results["pipeline.json"].path).read_text())
+    tasks = results["pipeline.json"].tasks
+    assert tasks["Evaluator"] == ["BaselineModelResolver-model-resolver", "CsvExampleGen", "Optimizer"]
+    local = local_dag(config, "latest_blessed")
+    assert {k: v for k, v in tasks.items() if "Resolver" not in k and k != "Evaluator"} == {
+        k: v for k, v in local.items() if "Resolver" not in k and k != "Evaluator"}
+    assert job["runtimeConfig"]["gcsOutputDirectory"] == "gs://bucket/tfx-mlops/pipelines/taxi"
+    assert job["runtimeConfig"]["parameterValues"]["train_args"] == '{"num_steps": 2000}'
+
+
+def test_a_local_output_root_or_data_path_is_refused(tmp_path):
+    with pytest.raises(KubeflowError, match="kubeflow.output_root must be a bucket"):
+        compile_pipeline(load_config(None, [f"kubeflow.output_root={tmp_path}"]), str(tmp_path / "p.yaml"))
+    with pytest.raises(KubeflowError, match="kubeflow.data_path '/data' is not a URI"):
+        compile_pipeline(load_config(None, [*KUBEFLOW, "kubeflow.data_path=/data"]), str(tmp_path / "p.yaml"))
+    with pytest.raises(KubeflowError, match="must end in .yaml"):
+        compile_pipeline(load_config(None, KUBEFLOW), str(tmp_path / "p.txt"))
+
+
+def test_submit_starts_a_run_and_prints_its_link(compiled, capsys):
+    config, results = compiled
+    package = results["pipeline.yaml"].path
+    with FakeKfpServer() as kfp:
+        code = cli.main(["submit", "kubeflow", "--host", kfp.url, "--package", package, "--run-name", "first",
+                         "--param", "train_args={\"num_steps\": 50}", *sum((["--set", o] for o in KUBEFLOW), [])])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        [run] = kfp.runs.values()
+        assert f"{kfp.url}/#/runs/details/{run['run_id']}" in out
+        assert run["display_name"] == "first"
+        assert run["runtime_config"]["parameters"] == {"train_args": '{"num_steps": 50}'}
+        assert run["pipeline_spec"] == yaml.safe_load(Path(package).read_text())
+        [experiment] = kfp.experiments.values()
+        assert experiment["display_name"] == config.kubeflow.experiment
+        assert experiment["experiment_id"] == run["experiment_id"]
+        # A second run joins the same experiment.
+        run_id, link = submit(package, kfp.url, config.kubeflow.experiment, "second", {})
+        assert len(kfp.experiments) == 1 and kfp.runs[run_id]["experiment_id"] == experiment["experiment_id"]
+        assert link == f"{kfp.url}/#/runs/details/{run_id}"
+
+
+def test_what_the_api_refuses_is_one_sentence(compiled, capsys):
+    _, results = compiled
+    with FakeKfpServer() as kfp:
+        code = cli.main(["submit", "kubeflow", "--host", kfp.url, "--package", results["pipeline.yaml"].path,
+                         "--param", "epochs=3"])
+        assert code == 1
+        assert "did not take the run" in capsys.readouterr().err
+        assert not kfp.runs
+    with pytest.raises(KubeflowError, match="takes the .yaml form"):
+        submit(results["pipeline.json"].path, "http://127.0.0.1:1", "e", "r", {})

@@ -35,7 +35,7 @@ CONFIG_FILE_NAME = "models.config"
 CANARY_CONFIG_FILE_NAME = "models.canary.config"
 # Server track -> its config file; each track's servers answer the label named after the track.
 TRACK_CONFIG_FILES = {"stable": CONFIG_FILE_NAME, "canary": CANARY_CONFIG_FILE_NAME}
-# Written into every version folder: sha256 and size of every other file, then what published it.
+# Written into every version folder: sha256, size and md5 of every other file, then what published it.
 MANIFEST_FILE = "MANIFEST.json"
 PUBLICATION_FILE = "publication.json"
 GCS_SCHEME = "gs://"

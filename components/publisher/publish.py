@@ -2,9 +2,9 @@
 
 The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...). The repository is a local folder
 (or a mounted volume), where staging and an atomic rename make a version appear complete or not at all, or gs://
-(on Kubeflow: `<kubeflow.output_root>/serving`), where a claimed number and a manifest written last do
-(serving/gcs_repository.py). The same model published twice (a retried or re-executed component) is the same
-version, not a new one.
+(on Kubeflow: `<kubeflow.output_root>/serving`), where staging, a claimed number and a MANIFEST.json created last
+do (serving/gcs_repository.py); any other URI is refused, never written to the local disk. The same model published
+twice (a retried or re-executed component) is the same version, not a new one.
 """
 from __future__ import annotations
 

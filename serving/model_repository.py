@@ -391,7 +391,7 @@ class ModelRepository(RepositoryBase):
         """The repository as one server track sees it: the same versions, that track's config file."""
         if track not in TRACK_CONFIG_FILES:
             raise RepositoryError(f"Unknown server track {track!r}; use one of {sorted(TRACK_CONFIG_FILES)}.")
-        base = Path(base_dir).resolve()
+        base = cls(base_dir).base_dir  # refuses a URI before Path() makes it a local folder
         return cls(base, base / TRACK_CONFIG_FILES[track], served_base_dir)
 
     # Layout

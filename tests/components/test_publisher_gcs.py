@@ -235,6 +235,7 @@ def test_an_object_store_without_atomic_publishing_is_refused(base, exports, tmp
     assert str(refused.value) == sentence
     with pytest.raises(RepositoryError, match="publish to gs://"):
         version_rows(base, "taxi")
-    with pytest.raises(RepositoryError, match="not a local folder"):
-        ModelRepository(f"gs://{uuid.uuid4().hex}/serving")
+    for local_only in (ModelRepository, lambda uri: ModelRepository.for_track(uri, "stable")):
+        with pytest.raises(RepositoryError, match="not a local folder"):
+            local_only(f"gs://{uuid.uuid4().hex}/serving")
     assert list(tmp_path.iterdir()) == [], "nothing may land on the local disk"

@@ -207,12 +207,12 @@ class GcsModelRepository(RepositoryBase):
             if record is not None:
                 publication = publication_bytes(model_name, version, record)
                 files[PUBLICATION_FILE] = manifest_entry([publication])
-                written.append(target + PUBLICATION_FILE)
                 self._create(target + PUBLICATION_FILE, publication, files[PUBLICATION_FILE])
+                written.append(target + PUBLICATION_FILE)  # after: an object someone else wrote is not removed
             for relative in files:
                 if relative != PUBLICATION_FILE:
-                    written.append(target + relative)
                     self._copy(staging + relative, target + relative, files[relative])
+                    written.append(target + relative)
             self._check_objects(target, files)
             manifest = manifest_bytes(files)
             self._commit(target, manifest)

@@ -332,8 +332,8 @@ class KubeflowConfig:
     # component runs in it. Tag it per build: KFP's cache keys on the image.
     image: str = "tfx-mlops:latest"
     # Where runs on the cluster write, as output_root does locally: <output_root>/pipelines/<name> (the pipeline
-    # root) and <output_root>/serving/<model_name> (published versions). A bucket the cluster writes, such as
-    # gs://bucket/tfx-mlops or s3://bucket/tfx-mlops (minio:// for a MinIO that KFP ships).
+    # root) and <output_root>/serving/<model_name> (published versions). A gs:// bucket the cluster writes, such as
+    # gs://bucket/tfx-mlops: the Publisher refuses other object stores (no atomic publish there).
     output_root: str = ""
     # The CSV folder as the cluster reads it (a URI); empty: the Chicago taxi sample inside the image.
     data_path: str = ""

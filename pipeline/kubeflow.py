@@ -59,7 +59,12 @@ def cluster_config(config: PipelineConfig, form: str) -> tuple[PipelineConfig, l
     settings = config.kubeflow
     if not settings.output_root or not artifacts.is_uri(settings.output_root):
         raise KubeflowError("kubeflow.output_root must be a bucket the cluster writes, for example "
-                            f"gs://my-bucket/tfx-mlops or s3://my-bucket/tfx-mlops; got {settings.output_root!r}.")
+                            f"gs://my-bucket/tfx-mlops; got {settings.output_root!r}.")
+    if not settings.output_root.startswith("gs://"):
+        # The Publisher writes <output_root>/serving: refused here, not after a whole run on the cluster.
+        raise KubeflowError(f"kubeflow.output_root {settings.output_root} is not on gs://, the only object store "
+                            "where the Publisher can publish model versions atomically (and TF Serving reads no "
+                            "s3:// since 2.7); use a gs:// bucket.")
     if not settings.image:
         raise KubeflowError("kubeflow.image is empty; set it to the project image the cluster pulls.")
     if settings.data_path and not artifacts.is_uri(settings.data_path):

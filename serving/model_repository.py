@@ -4,9 +4,13 @@ Versions are immutable: a version is staged under a hidden temporary name, given
 and renamed into place only when complete, so a server polling the folder never sees half a SavedModel and a
 changed file is detected. Version numbers only grow. Two config files name what is served: `models.config` (the
 stable servers, label `stable`) and `models.canary.config` (the canary servers of a rollout, label `canary`).
+
+This module is the local (or mounted) repository; `serving/gcs_repository.py` is the same layout on gs://, which
+TF Serving reads itself. `open_repository` picks one by the base path.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -31,9 +35,10 @@ CONFIG_FILE_NAME = "models.config"
 CANARY_CONFIG_FILE_NAME = "models.canary.config"
 # Server track -> its config file; each track's servers answer the label named after the track.
 TRACK_CONFIG_FILES = {"stable": CONFIG_FILE_NAME, "canary": CANARY_CONFIG_FILE_NAME}
-# Written into every version folder: sha256 and size of every other file, then what published it.
+# Written into every version folder: sha256, size and md5 of every other file, then what published it.
 MANIFEST_FILE = "MANIFEST.json"
 PUBLICATION_FILE = "publication.json"
+GCS_SCHEME = "gs://"
 
 
 class RepositoryError(ValueError):
@@ -114,14 +119,34 @@ def _local_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
             yield chunk
 
 
+def manifest_entry(chunks: Iterable[bytes]) -> dict[str, object]:
+    """{"sha256", "bytes", "md5"} of one file: sha256 is the checksum; md5 (base64) is the one GCS keeps for every
+    object, so a repository on gs:// checks a version from a listing instead of downloading it."""
+    sha256, md5, size = hashlib.sha256(), hashlib.md5(), 0
+    for chunk in chunks:
+        sha256.update(chunk)
+        md5.update(chunk)
+        size += len(chunk)
+    return {"sha256": sha256.hexdigest(), "bytes": size, "md5": base64.b64encode(md5.digest()).decode()}
+
+
 def build_manifest(folder: Path) -> dict[str, dict[str, object]]:
-    """{relative path: {"sha256", "bytes"}} for every file under `folder` except the manifest itself."""
+    """{relative path: {"sha256", "bytes", "md5"}} for every file under `folder` except the manifest itself."""
     files = {}
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder).as_posix()
         if path.is_file() and relative != MANIFEST_FILE:
-            files[relative] = {"sha256": file_sha256(_local_chunks(path)), "bytes": path.stat().st_size}
+            files[relative] = manifest_entry(_local_chunks(path))
     return files
+
+
+def manifest_bytes(files: Mapping[str, Mapping[str, object]]) -> bytes:
+    """MANIFEST.json as both repositories write it."""
+    return json_bytes({"algorithm": "sha256", "files": files})
+
+
+def json_bytes(content: object) -> bytes:
+    return (json.dumps(content, indent=2, sort_keys=True) + "\n").encode()
 
 
 def content_digest(files: Mapping[str, Mapping[str, object]]) -> str:
@@ -165,8 +190,184 @@ class StagedVersion:
     path: Path
 
 
-class ModelRepository:
-    """Owns `<base_dir>/<model>/<version>/` and the `models.config` that tells TF Serving what to serve.
+class RepositoryBase:
+    """What the local and the gs:// repository share: `models.config` and its rules. A subclass lists versions,
+    reads the config and changes it as one atomic read-modify-write (`_update_config`)."""
+
+    base_dir: Path | str
+    config_path: Path | str
+    served_base_dir: str
+
+    def model_dir(self, model_name: str) -> Path | str:
+        raise NotImplementedError
+
+    def version_dir(self, model_name: str, version: int) -> Path | str:
+        raise NotImplementedError
+
+    def versions(self, model_name: str) -> list[int]:
+        """Complete versions of `model_name`, ascending."""
+        raise NotImplementedError
+
+    def add_version(self, model_name: str, saved_model_dir: str | Path, version: int | None = None) -> int:
+        """Copies the local SavedModel folder `saved_model_dir` in as a new version and returns its number."""
+        raise NotImplementedError
+
+    def publish(
+        self, model_name: str, write: Callable[[Path], None], record: Mapping[str, object] | None = None
+    ) -> int:
+        """Publishes the next version: `write(folder)` fills a local folder, `record` (what published it: run,
+        blessing...) lands in publication.json and a manifest checksums every file. Publishing serves nothing: a
+        rollout does (see serving/rollout)."""
+        raise NotImplementedError
+
+    def version_with_content(self, model_name: str, digest: str) -> int | None:
+        """The published version whose model files have `digest` (see content_digest), if any."""
+        raise NotImplementedError
+
+    def verify(self, model_name: str, version: int) -> ChecksumCheck:
+        """Checks a published version's files against its manifest."""
+        raise NotImplementedError
+
+    def read_version_file(self, model_name: str, version: int, name: str) -> bytes:
+        """The bytes of file `name` of a version; FileNotFoundError when it has none."""
+        raise NotImplementedError
+
+    def publication(self, model_name: str, version: int) -> dict[str, object]:
+        """What publication.json of a version says (empty when it has none, e.g. added by hand)."""
+        try:
+            return json.loads(self.read_version_file(model_name, version, PUBLICATION_FILE))
+        except (OSError, ValueError):
+            return {}
+
+    def read_config(self) -> model_server_config_pb2.ModelServerConfig:
+        """The current ModelServerConfig (empty when the file does not exist yet)."""
+        raise NotImplementedError
+
+    def _update_config(
+        self, change: Callable[[model_server_config_pb2.ModelServerConfig], bool]
+    ) -> model_server_config_pb2.ModelServerConfig:
+        """Reads the config, applies `change` (which says whether it changed anything) and writes it back, with no
+        other writer's change lost in between."""
+        raise NotImplementedError
+
+    def _missing_versions(self, model_name: str, versions: list[int]) -> list[int]:
+        published = set(self.versions(model_name))
+        return [v for v in versions if v not in published]
+
+    def incomplete_versions(self, model_name: str) -> list[int]:
+        """Version folders that are not (yet) complete, so no reader lists or serves them."""
+        return []
+
+    def latest_version(self, model_name: str) -> int | None:
+        versions = self.versions(model_name)
+        return versions[-1] if versions else None
+
+    def serve(
+        self,
+        model_name: str,
+        versions: Iterable[int],
+        labels: Mapping[str, int] | None = None,
+    ) -> model_server_config_pb2.ModelServerConfig:
+        """Sets the versions TF Serving must serve for `model_name` (a `specific` policy) and its version labels.
+
+        Every version must be published and every label must point at one of `versions`.
+        """
+        def change(config: model_server_config_pb2.ModelServerConfig) -> bool:
+            self._serve_in(config, model_name, versions, labels)
+            return True
+
+        return self._update_config(change)
+
+    def serve_if_unserved(self, model_name: str, version: int, label: str) -> bool:
+        """Serves `version` with `label` when the config serves no version of `model_name` yet; says whether it did."""
+        served = False
+
+        def change(config: model_server_config_pb2.ModelServerConfig) -> bool:
+            nonlocal served
+            model_config = _find_model(config, model_name)
+            served = model_config is None or not model_config.model_version_policy.specific.versions
+            if served:
+                self._serve_in(config, model_name, [version], {label: version})
+            return served
+
+        self._update_config(change)
+        return served
+
+    def _serve_in(
+        self,
+        config: model_server_config_pb2.ModelServerConfig,
+        model_name: str,
+        versions: Iterable[int],
+        labels: Mapping[str, int] | None,
+    ) -> None:
+        # Changes `config` in place; the caller writes it (under _update_config).
+        versions = sorted({check_version(v) for v in versions})
+        if not versions:
+            raise RepositoryError(f"Give at least one version to serve for {model_name!r}.")
+        missing = self._missing_versions(model_name, versions)
+        if missing:
+            raise RepositoryError(
+                f"Model {model_name!r} has no version(s) {missing} under {self.model_dir(model_name)}; "
+                f"available: {self.versions(model_name)}."
+            )
+        labels = dict(labels or {})
+        for label, version in labels.items():
+            validate_label(label)
+            if version not in versions:
+                raise RepositoryError(
+                    f"Label {label!r} points at version {version} of {model_name!r}, which is not served; "
+                    f"serve it too (served: {versions})."
+                )
+        model_config = _find_or_add_model(config, model_name)
+        model_config.base_path = f"{self.served_base_dir}/{model_name}"
+        model_config.model_platform = "tensorflow"
+        model_config.model_version_policy.Clear()
+        model_config.model_version_policy.specific.versions.extend(versions)
+        model_config.version_labels.clear()
+        for label, version in sorted(labels.items()):
+            model_config.version_labels[label] = version
+
+    def served_versions(self, model_name: str) -> list[int]:
+        """The versions named in the config's `specific` policy for `model_name` (empty if not configured)."""
+        model_config = _find_model(self.read_config(), model_name)
+        if model_config is None:
+            return []
+        return sorted(model_config.model_version_policy.specific.versions)
+
+    def labels(self, model_name: str) -> dict[str, int]:
+        model_config = _find_model(self.read_config(), model_name)
+        return dict(model_config.version_labels) if model_config is not None else {}
+
+    def set_label(self, model_name: str, label: str, version: int) -> model_server_config_pb2.ModelServerConfig:
+        """Points `label` at `version`, which must already be served."""
+        label = validate_label(label)
+        version = check_version(version)
+
+        def change(config: model_server_config_pb2.ModelServerConfig) -> bool:
+            # Read, change and write as one update, so a concurrent writer's change is not lost.
+            model_config = _find_model(config, model_name)
+            labels = dict(model_config.version_labels) if model_config is not None else {}
+            served = sorted(model_config.model_version_policy.specific.versions) if model_config is not None else []
+            labels[label] = version
+            self._serve_in(config, model_name, served, labels)
+            return True
+
+        return self._update_config(change)
+
+    def remove_model(self, model_name: str) -> model_server_config_pb2.ModelServerConfig:
+        """Drops `model_name` from the config (its folders stay)."""
+        def change(config: model_server_config_pb2.ModelServerConfig) -> bool:
+            kept = [c for c in config.model_config_list.config if c.name != model_name]
+            del config.model_config_list.config[:]
+            config.model_config_list.config.extend(kept)
+            return True
+
+        return self._update_config(change)
+
+
+class ModelRepository(RepositoryBase):
+    """Owns `<base_dir>/<model>/<version>/` and the `models.config` that tells TF Serving what to serve, on a local
+    (or mounted) file system.
 
     `served_base_dir` is where the server sees `base_dir` (e.g. `/models` inside a container); by default
     the config names the local absolute path.
@@ -178,6 +379,9 @@ class ModelRepository:
         config_path: str | Path | None = None,
         served_base_dir: str | None = None,
     ) -> None:
+        if "://" in check_repository_location(base_dir):
+            # Path() would make gs://b/x a relative folder "gs:/b/x" of the working directory: a silent local write.
+            raise RepositoryError(f"{base_dir} is not a local folder; open it with open_repository().")
         self.base_dir = Path(base_dir).resolve()
         self.config_path = Path(config_path) if config_path else self.base_dir / CONFIG_FILE_NAME
         self.served_base_dir = served_base_dir.rstrip("/") if served_base_dir else str(self.base_dir)
@@ -187,7 +391,7 @@ class ModelRepository:
         """The repository as one server track sees it: the same versions, that track's config file."""
         if track not in TRACK_CONFIG_FILES:
             raise RepositoryError(f"Unknown server track {track!r}; use one of {sorted(TRACK_CONFIG_FILES)}.")
-        base = Path(base_dir).resolve()
+        base = cls(base_dir).base_dir  # refuses a URI before Path() makes it a local folder
         return cls(base, base / TRACK_CONFIG_FILES[track], served_base_dir)
 
     # Layout
@@ -196,7 +400,7 @@ class ModelRepository:
         return self.base_dir / validate_model_name(model_name)
 
     def version_dir(self, model_name: str, version: int) -> Path:
-        return self.model_dir(model_name) / str(_check_version(version))
+        return self.model_dir(model_name) / str(check_version(version))
 
     def models(self) -> list[str]:
         """Model folders present under the base folder."""
@@ -211,10 +415,6 @@ class ModelRepository:
         """Complete versions of `model_name`, ascending."""
         return list_versions(self.model_dir(model_name))
 
-    def latest_version(self, model_name: str) -> int | None:
-        versions = self.versions(model_name)
-        return versions[-1] if versions else None
-
     @contextlib.contextmanager
     def staged_version(self, model_name: str, version: int | None = None) -> Iterator[StagedVersion]:
         """Yields a temporary folder to write a SavedModel into; publishes it as `version` when the block succeeds.
@@ -226,7 +426,7 @@ class ModelRepository:
         with self._lock():
             if version is None:
                 version = (self.latest_version(model_name) or 0) + 1
-            target = model_dir / str(_check_version(version))
+            target = model_dir / str(check_version(version))
             if target.exists():
                 raise RepositoryError(
                     f"Version {version} of model {model_name!r} already exists and versions are immutable; "
@@ -247,7 +447,7 @@ class ModelRepository:
                     f"Nothing publishable was written for version {version} of {model_name!r}: "
                     f"{staging} holds no saved_model.pb."
                 )
-            _write_json(staging / MANIFEST_FILE, {"algorithm": "sha256", "files": build_manifest(staging)})
+            (staging / MANIFEST_FILE).write_bytes(manifest_bytes(build_manifest(staging)))
             with self._lock():
                 if target.exists():
                     raise RepositoryError(
@@ -277,8 +477,7 @@ class ModelRepository:
         with self.staged_version(model_name) as staged:
             write(staged.path)
             if record is not None:
-                _write_json(staged.path / PUBLICATION_FILE, {"model": model_name, "version": staged.version,
-                                                             **record})
+                (staged.path / PUBLICATION_FILE).write_bytes(publication_bytes(model_name, staged.version, record))
         return staged.version
 
     def version_with_content(self, model_name: str, digest: str) -> int | None:
@@ -297,12 +496,8 @@ class ModelRepository:
         """Checks a published version's files against its manifest."""
         return verify_manifest(self.version_dir(model_name, version))
 
-    def publication(self, model_name: str, version: int) -> dict[str, object]:
-        """What publication.json of a version says (empty when it has none, e.g. added by hand)."""
-        try:
-            return json.loads((self.version_dir(model_name, version) / PUBLICATION_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
+    def read_version_file(self, model_name: str, version: int, name: str) -> bytes:
+        return (self.version_dir(model_name, version) / name).read_bytes()
 
     # models.config
 
@@ -312,88 +507,17 @@ class ModelRepository:
             return model_server_config_pb2.ModelServerConfig()
         return read_model_server_config(self.config_path)
 
-    def serve(
-        self,
-        model_name: str,
-        versions: Iterable[int],
-        labels: Mapping[str, int] | None = None,
+    def _missing_versions(self, model_name: str, versions: list[int]) -> list[int]:
+        return [v for v in versions if not self.version_dir(model_name, v).is_dir()]
+
+    def _update_config(
+        self, change: Callable[[model_server_config_pb2.ModelServerConfig], bool]
     ) -> model_server_config_pb2.ModelServerConfig:
-        """Sets the versions TF Serving must serve for `model_name` (a `specific` policy) and its version labels.
-
-        Every version must exist on disk and every label must point at one of `versions`.
-        """
-        with self._lock():
-            return self._serve_locked(self.read_config(), model_name, versions, labels)
-
-    def _serve_locked(
-        self,
-        config: model_server_config_pb2.ModelServerConfig,
-        model_name: str,
-        versions: Iterable[int],
-        labels: Mapping[str, int] | None,
-    ) -> model_server_config_pb2.ModelServerConfig:
-        # The caller holds self._lock() and read `config` under it; this writes the changed config back.
-        versions = sorted({_check_version(v) for v in versions})
-        if not versions:
-            raise RepositoryError(f"Give at least one version to serve for {model_name!r}.")
-        missing = [v for v in versions if not self.version_dir(model_name, v).is_dir()]
-        if missing:
-            raise RepositoryError(
-                f"Model {model_name!r} has no version(s) {missing} under {self.model_dir(model_name)}; "
-                f"available: {self.versions(model_name)}."
-            )
-        labels = dict(labels or {})
-        for label, version in labels.items():
-            validate_label(label)
-            if version not in versions:
-                raise RepositoryError(
-                    f"Label {label!r} points at version {version} of {model_name!r}, which is not served; "
-                    f"serve it too (served: {versions})."
-                )
-        model_config = _find_or_add_model(config, model_name)
-        model_config.base_path = f"{self.served_base_dir}/{model_name}"
-        model_config.model_platform = "tensorflow"
-        model_config.model_version_policy.Clear()
-        model_config.model_version_policy.specific.versions.extend(versions)
-        model_config.version_labels.clear()
-        for label, version in sorted(labels.items()):
-            model_config.version_labels[label] = version
-        write_model_server_config(config, self.config_path)
-        return config
-
-    def served_versions(self, model_name: str) -> list[int]:
-        """The versions named in the config's `specific` policy for `model_name` (empty if not configured)."""
-        model_config = _find_model(self.read_config(), model_name)
-        if model_config is None:
-            return []
-        return sorted(model_config.model_version_policy.specific.versions)
-
-    def labels(self, model_name: str) -> dict[str, int]:
-        model_config = _find_model(self.read_config(), model_name)
-        return dict(model_config.version_labels) if model_config is not None else {}
-
-    def set_label(self, model_name: str, label: str, version: int) -> model_server_config_pb2.ModelServerConfig:
-        """Points `label` at `version`, which must already be served."""
-        label = validate_label(label)
-        version = _check_version(version)
-        with self._lock():
-            # Read, change and write under one lock, so a concurrent writer's change is not lost.
-            config = self.read_config()
-            model_config = _find_model(config, model_name)
-            labels = dict(model_config.version_labels) if model_config is not None else {}
-            served = sorted(model_config.model_version_policy.specific.versions) if model_config is not None else []
-            labels[label] = version
-            return self._serve_locked(config, model_name, served, labels)
-
-    def remove_model(self, model_name: str) -> model_server_config_pb2.ModelServerConfig:
-        """Drops `model_name` from the config (its folders stay on disk)."""
         with self._lock():
             config = self.read_config()
-            kept = [c for c in config.model_config_list.config if c.name != model_name]
-            del config.model_config_list.config[:]
-            config.model_config_list.config.extend(kept)
-            write_model_server_config(config, self.config_path)
-        return config
+            if change(config):
+                write_model_server_config(config, self.config_path)
+            return config
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -407,11 +531,41 @@ class ModelRepository:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def _write_json(path: Path, content: object) -> None:
-    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+def check_repository_location(base_dir: str | Path) -> str:
+    """Returns `base_dir` if a model repository can live there (a local or mounted folder, or gs://), else raises
+    RepositoryError saying where to publish instead."""
+    base = os.fspath(base_dir)
+    if "://" in base and not base.startswith(GCS_SCHEME):
+        scheme = base.split("://", 1)[0]
+        raise RepositoryError(
+            f"The model repository {base} is on {scheme}://, where versions cannot be published atomically (and TF "
+            "Serving reads no s3:// since 2.7); publish to gs://bucket/path or to a local or mounted folder instead.")
+    return base
 
 
-def _check_version(version: int) -> int:
+def open_repository(
+    base_dir: str | Path, track: str | None = None, served_base_dir: str | None = None
+) -> RepositoryBase:
+    """The model repository at `base_dir`: a local folder, or gs://bucket/path (the object store TF Serving reads);
+    with `track`, as that server track sees it (its own config file)."""
+    base = check_repository_location(base_dir)
+    if base.startswith(GCS_SCHEME):
+        from serving.gcs_repository import GcsModelRepository
+
+        repository_class: type = GcsModelRepository
+    else:
+        repository_class = ModelRepository
+    if track is None:
+        return repository_class(base, served_base_dir=served_base_dir)
+    return repository_class.for_track(base, track, served_base_dir)
+
+
+def publication_bytes(model_name: str, version: int, record: Mapping[str, object]) -> bytes:
+    """publication.json of a version: the model, its number and what published it."""
+    return json_bytes({"model": model_name, "version": version, **record})
+
+
+def check_version(version: int) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise RepositoryError(f"Version {version!r} is invalid: versions are non-negative integers.")
     return version

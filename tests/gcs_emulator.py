@@ -7,6 +7,11 @@ setting: it always calls https://www.googleapis.com and https://storage.googleap
 hosts, terminates TLS with a certificate from a throw-away CA, and forwards each request to the emulator. Nothing
 leaves 127.0.0.1: the proxy only ever connects to the emulator.
 
+The emulator ignores GCS's preconditions (`ifGenerationMatch`), which the model repository on gs:// relies on
+(serving/gcs_repository.py), so google-cloud-storage reaches it through a plain-HTTP front that answers an upload
+whose precondition fails with 412 Precondition Failed, as GCS does (simple and multipart uploads, copies and
+rewrites; a resumable upload passes unchecked).
+
 (tensorflow-io-gcs-filesystem, TF_USE_MODULAR_FILESYSTEM=1, does read CLOUD_STORAGE_EMULATOR_ENDPOINT, but 0.37.1
 dereferences unset GCS_* variables and corrupts memory on its first read: see docs/architecture.md.)
 """
@@ -22,6 +27,8 @@ import socket
 import ssl
 import tempfile
 import threading
+import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -73,6 +80,8 @@ class _Forwarder(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     emulator: tuple[str, int]
     host: str
+    # The client speaks TLS to this forwarder (so upload URLs the emulator builds with http:// become https://).
+    tls = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (BaseHTTPRequestHandler's name)
         pass
@@ -95,7 +104,9 @@ class _Forwarder(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else None
 
     def _forward(self) -> None:
-        body = self._body()
+        self._relay(self._body())
+
+    def _relay(self, body: bytes | None) -> None:
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length", "expect"}}
         if body == b"" and "uploadType=media" in self.path:
             # TensorFlow makes a folder by uploading an empty "name/" object; the emulator reads an empty media upload
@@ -117,7 +128,7 @@ class _Forwarder(BaseHTTPRequestHandler):
         for name, value in response.getheaders():
             if name.lower() in HOP_BY_HOP or name.lower() == "content-length":
                 continue
-            if name.lower() == "location":
+            if name.lower() == "location" and self.tls:
                 # The emulator builds upload URLs from the Host header with its own scheme (http).
                 value = value.replace(f"http://{self.host}", f"https://{self.host}")
             self.send_header(name, value)
@@ -126,7 +137,76 @@ class _Forwarder(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(payload)
 
-    do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _forward
+    def _dispatch(self) -> None:
+        self._forward()  # looked up on the instance, so a subclass's _forward handles every method
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _dispatch
+
+
+def _write_precondition(command: str, path: str, headers: Any, body: bytes | None) -> tuple[str, str, int] | None:
+    """(bucket, object, required generation) of a simple or multipart upload, or of a copy or rewrite (to the
+    destination), with ifGenerationMatch; else None."""
+    url = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(url.query)
+    parts = [urllib.parse.unquote(part) for part in url.path.split("/")]
+    if command != "POST" or "ifGenerationMatch" not in query:
+        return None
+    required = int(query["ifGenerationMatch"][0])
+    # /storage/v1/b/<bucket>/o/<object>/(copyTo|rewriteTo)/b/<bucket>/o/<object>
+    if parts[1:4] == ["storage", "v1", "b"] and len(parts) == 12 and parts[7] in ("copyTo", "rewriteTo"):
+        return parts[9], parts[11], required
+    if parts[1:5] != ["upload", "storage", "v1", "b"]:
+        return None
+    bucket = parts[5]
+    kind = query.get("uploadType", [""])[0]
+    if kind == "media":
+        name = query["name"][0]
+    elif kind == "multipart":
+        boundary = headers.get("Content-Type", "").split("boundary=")[1].strip('"').encode()
+        metadata = (body or b"").split(b"--" + boundary)[1].split(b"\r\n\r\n", 1)[1]
+        name = json.loads(metadata)["name"]
+    else:
+        return None
+    return bucket, name, required
+
+
+class _PreconditionFront(_Forwarder):
+    """Plain HTTP between google-cloud-storage and the emulator: an upload, copy or rewrite whose ifGenerationMatch
+    does not hold (0: the object must not exist; N: its generation must be N) is refused with 412, checked and done
+    under one lock."""
+
+    tls = False
+    lock: threading.Lock
+
+    def _forward(self) -> None:
+        body = self._body()
+        condition = _write_precondition(self.command, self.path, self.headers, body)
+        if condition is None:
+            self._relay(body)
+            return
+        bucket, name, required = condition
+        with self.lock:
+            if self._generation(bucket, name) != required:
+                payload = json.dumps({"error": {"code": 412, "message": "Precondition Failed",
+                                                "errors": [{"reason": "conditionNotMet"}]}}).encode()
+                self.send_response(412, "Precondition Failed")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            self._relay(body)
+
+    def _generation(self, bucket: str, name: str) -> int:
+        """The object's live generation, 0 when it does not exist."""
+        url = f"http://{self.emulator[0]}:{self.emulator[1]}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, '')}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                return int(json.load(response)["generation"])
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return 0
+            raise
 
 
 # What the GCE metadata server answers: google-auth (Beam's gcsio) then finds credentials at once, instead of
@@ -220,6 +300,11 @@ class GcsEmulator:
         self._proxy.tls_context = context
         self._proxy.emulator = ("127.0.0.1", self.port)
         self._proxy_thread = threading.Thread(target=self._proxy.serve_forever, name="gcs-proxy", daemon=True)
+        front = type("Front", (_PreconditionFront,), {"emulator": ("127.0.0.1", self.port), "host": "",
+                                                      "lock": threading.Lock()})
+        self._front = ThreadingHTTPServer(("127.0.0.1", 0), front)
+        self._front.daemon_threads = True
+        self._front_thread = threading.Thread(target=self._front.serve_forever, name="gcs-front", daemon=True)
 
     @property
     def url(self) -> str:
@@ -228,11 +313,13 @@ class GcsEmulator:
     def start(self) -> GcsEmulator:
         self._server.start()
         self._proxy_thread.start()
+        self._front_thread.start()
         return self
 
     def stop(self) -> None:
-        self._proxy.shutdown()
-        self._proxy.server_close()
+        for server in (self._proxy, self._front):
+            server.shutdown()
+            server.server_close()
         self._server.stop()
         self._folder.cleanup()
 
@@ -264,8 +351,9 @@ class GcsEmulator:
         """Variables that point TensorFlow's gs:// (through the proxy) and Beam's gcsio (directly) here."""
         proxy = f"127.0.0.1:{self._proxy.server_address[1]}"
         return {
-            # Beam's gcsio (google-cloud-storage): plain HTTP, anonymous credentials.
-            "STORAGE_EMULATOR_HOST": self.url,
+            # google-cloud-storage (Beam's gcsio, the gs:// model repository): plain HTTP through the precondition
+            # front, anonymous credentials.
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{self._front.server_address[1]}",
             # TensorFlow's GCS client: the proxy and a CA it trusts.
             "https_proxy": f"http://{proxy}",
             "CURL_CA_BUNDLE": self._ca,

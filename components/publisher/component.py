@@ -1,5 +1,6 @@
 """Publisher: replaces TFX's Pusher. A blessed model whose export verified becomes the next integer version of the
-model repository (staged, checksummed, renamed into place); publishing routes no traffic, a rollout does."""
+model repository (staged, checksummed, then made visible in one step: a rename locally, a MANIFEST.json created last
+on gs://); publishing routes no traffic, a rollout does."""
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import Channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter

@@ -1,8 +1,10 @@
 """Publishes an exported model folder as the next version of the TF Serving model repository.
 
-The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...); the repository is a local folder
-(or a mounted volume) where staging and an atomic rename make a version appear complete or not at all. The same
-model published twice (a retried or re-executed component) is the same version, not a new one.
+The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...). The repository is a local folder
+(or a mounted volume), where staging and an atomic rename make a version appear complete or not at all, or gs://
+(on Kubeflow: `<kubeflow.output_root>/serving`), where staging, a claimed number and a MANIFEST.json created last
+do (serving/gcs_repository.py); any other URI is refused, never written to the local disk. The same model published
+twice (a retried or re-executed component) is the same version, not a new one.
 """
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ from pathlib import Path
 from serving.model_repository import (
     PUBLICATION_FILE,
     TRACK_CONFIG_FILES,
-    ModelRepository,
     RepositoryError,
     content_digest,
     file_sha256,
+    open_repository,
 )
 
 EXPORT_REPORT_FILE = "export_report.json"
@@ -97,7 +99,7 @@ def publish_model(
     if export_verdict(source_dir) is False:
         raise RepositoryError(f"the export report in {source_dir} failed; a model whose formats disagree is never "
                               "published. Fix the export (see export_report.html) and run again.")
-    repository = ModelRepository(serving_base_dir)
+    repository = open_repository(serving_base_dir)
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:
         raise RepositoryError(f"{source_dir} already holds a {PUBLICATION_FILE}; publish an export folder.")
@@ -107,10 +109,6 @@ def publish_model(
     else:
         version = repository.publish(model_name, lambda folder: _copy_tree(source_dir, folder), record)
         new = True
-    bootstrapped = []
-    for track in TRACK_CONFIG_FILES:
-        track_repository = ModelRepository.for_track(serving_base_dir, track)
-        if not track_repository.served_versions(model_name):
-            track_repository.serve(model_name, [version], {track: version})
-            bootstrapped.append(track)
-    return PublishedVersion(version, os.fspath(repository.version_dir(model_name, version)), new, tuple(bootstrapped))
+    bootstrapped = tuple(track for track in TRACK_CONFIG_FILES
+                         if open_repository(serving_base_dir, track).serve_if_unserved(model_name, version, track))
+    return PublishedVersion(version, os.fspath(repository.version_dir(model_name, version)), new, bootstrapped)

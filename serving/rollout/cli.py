@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serving.model_repository import TRACK_CONFIG_FILES, ModelRepository
+from serving.model_repository import TRACK_CONFIG_FILES, open_repository
 
 
 def register(subparsers: argparse._SubParsersAction,
@@ -40,16 +40,16 @@ def register(subparsers: argparse._SubParsersAction,
 
 def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     """One row per published version: blessing, export verdict, checksum state, labels and serving tracks."""
-    repository = ModelRepository(base_dir)
-    tracks = {track: ModelRepository.for_track(base_dir, track) for track in TRACK_CONFIG_FILES}
+    repository = open_repository(base_dir)
+    tracks = {track: open_repository(base_dir, track) for track in TRACK_CONFIG_FILES}
     served = {track: set(r.served_versions(model)) for track, r in tracks.items()}
     labels = {track: r.labels(model) for track, r in tracks.items()}
     rows = []
     for version in repository.versions(model):
-        folder = repository.version_dir(model, version)
         publication = repository.publication(model, version)
         try:
-            export = "passed" if json.loads((folder / "export_report.json").read_text())["passed"] else "FAILED"
+            export = "passed" if json.loads(repository.read_version_file(model, version, "export_report.json"))[
+                "passed"] else "FAILED"
         except (OSError, ValueError, KeyError):
             export = "no report"
         check = repository.verify(model, version)
@@ -69,9 +69,14 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
 
 def versions_command(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from serving.model_repository import RepositoryError
 
     config = load_config(args.config, args.overrides)
-    rows = version_rows(config.serving_base_dir, config.model_name)
+    try:
+        rows = version_rows(config.serving_base_dir, config.model_name)
+    except RepositoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -91,9 +91,12 @@ def test_the_vertex_job_keeps_the_blessed_model_baseline(compiled):
     assert job["runtimeConfig"]["parameterValues"]["train_args"] == '{"num_steps": 2000}'
 
 
-def test_a_local_output_root_or_data_path_is_refused(tmp_path):
+def test_a_local_or_non_gcs_output_root_or_a_local_data_path_is_refused(tmp_path):
     with pytest.raises(KubeflowError, match="kubeflow.output_root must be a bucket"):
         compile_pipeline(load_config(None, [f"kubeflow.output_root={tmp_path}"]), str(tmp_path / "p.yaml"))
+    with pytest.raises(KubeflowError, match="only object store where the Publisher can publish model versions"):
+        compile_pipeline(load_config(None, ["kubeflow.output_root=s3://b/x", f"kubeflow.image={IMAGE}"]),
+                         str(tmp_path / "p.yaml"))
     with pytest.raises(KubeflowError, match="kubeflow.data_path '/data' is not a URI"):
         compile_pipeline(load_config(None, [*KUBEFLOW, "kubeflow.data_path=/data"]), str(tmp_path / "p.yaml"))
     with pytest.raises(KubeflowError, match="must end in .yaml"):

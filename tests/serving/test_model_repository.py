@@ -5,7 +5,13 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.model_repository import ModelRepository, RepositoryError, read_model_server_config, validate_model_name
+from serving.model_repository import (
+    ModelRepository,
+    RepositoryError,
+    check_repository_location,
+    read_model_server_config,
+    validate_model_name,
+)
 from tests.serving.conftest import MODEL
 
 
@@ -84,6 +90,45 @@ def test_labels_move_and_must_point_at_served_versions(repository):
     with pytest.raises(RepositoryError, match="label"):
         repository.set_label(MODEL, "bad label", 1)
     assert repository.labels(MODEL) == {"stable": 2, "canary": 2}
+
+
+def test_a_first_publish_serves_its_version_and_a_later_one_changes_nothing(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_version(MODEL, tiny_exports[1], version=1)
+    repo.add_version(MODEL, tiny_exports[2], version=2)
+    assert repo.serve_if_unserved(MODEL, 1, "stable") is True
+    assert (repo.served_versions(MODEL), repo.labels(MODEL)) == ([1], {"stable": 1})
+    before = repo.config_path.read_bytes()
+    assert repo.serve_if_unserved(MODEL, 2, "stable") is False
+    assert repo.config_path.read_bytes() == before
+
+
+def test_a_model_listed_without_versions_counts_as_unserved(tmp_path, tiny_exports):
+    repo = ModelRepository(tmp_path / "models")
+    repo.add_version(MODEL, tiny_exports[2], version=2)
+    repo.config_path.parent.mkdir(parents=True, exist_ok=True)
+    repo.config_path.write_text(
+        f'model_config_list {{ config {{ name: "{MODEL}" base_path: "{repo.model_dir(MODEL)}" '
+        'model_platform: "tensorflow" } }\n')
+    assert repo.serve_if_unserved(MODEL, 2, "canary") is True
+    assert (repo.served_versions(MODEL), repo.labels(MODEL)) == ([2], {"canary": 2})
+
+
+# The scheme is what precedes the first "://", even where the path holds another.
+@pytest.mark.parametrize("base", ["s3://bucket/models", "minio://host:9000/models", "s3://bucket/from-http://mirror"])
+def test_a_repository_where_publishing_cannot_be_atomic_is_refused(base):
+    scheme = base.split("://")[0]
+    with pytest.raises(RepositoryError) as refused:
+        check_repository_location(base)
+    assert str(refused.value) == (
+        f"The model repository {base} is on {scheme}://, where versions cannot be published atomically (and TF "
+        "Serving reads no s3:// since 2.7); publish to gs://bucket/path or to a local or mounted folder instead.")
+
+
+@pytest.mark.parametrize("base", ["gs://bucket/models", "/srv/models", "outputs/serving"])
+def test_local_folders_and_gcs_can_hold_a_repository(base, tmp_path):
+    assert check_repository_location(base) == base
+    assert check_repository_location(tmp_path) == str(tmp_path)
 
 
 def test_served_base_dir_names_the_path_the_server_sees(tmp_path, tiny_exports):

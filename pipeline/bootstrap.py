@@ -141,7 +141,7 @@ def infer_label(profile: ColumnProfile, schema_type: int, markers: list[str]) ->
     total = sum(values.values())
     described = f"{SCHEMA_TYPES.get(schema_type, 'values')}, {_distinct(profile, values)} distinct values"
     missing = _missing(profile, markers)
-    gaps = f"; {missing:,} rows have no {column} value" if missing else ""
+    gaps = f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}" if missing else ""
     if len(values) == 2 and schema_type == schema_pb2.BYTES:
         positive, why = _positive_value(values)
         return LabelChoice("binary", {"positive_value": positive},
@@ -365,9 +365,10 @@ def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, stati
 
 
 def init_project(data: str, label: str, output: str = ".", name: str = "", force: bool = False,
-                 out: TextIO = sys.stdout, command: str = "") -> InitResult:
+                 out: TextIO | None = None, command: str = "") -> InitResult:
     """Reads the CSV folder `data` as the pipeline will, and writes <name>.yaml, <name>_schema.pbtxt and
     <name>_statistics.html to `output`. Raises DataError (exit code 2) for anything the user can fix."""
+    out = out or sys.stdout
     folder = Path(data)
     if folder.is_file():
         raise DataError(f"--data {folder} is a file; pass the folder that holds the CSV files ({folder.parent}).")

@@ -124,16 +124,20 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from pipeline.data import DataError
     from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
+    from pipeline.preflight import check_config
 
     config = load_config(args.config, args.overrides)
     arguments = _parameters(args.params)
     try:
+        if not args.package:
+            check_config(config)
         package = args.package or compile_to_temporary(config)
         run_id, link = submit(package, args.host or config.kubeflow.host, config.kubeflow.experiment,
                               args.run_name or f"{config.name} {time.strftime('%Y-%m-%d %H-%M-%S')}", arguments,
                               config.kubeflow.namespace)
-    except KubeflowError as e:
+    except (KubeflowError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (the KFP client raises urllib3, ApiException and ValueError alike)

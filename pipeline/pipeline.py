@@ -93,8 +93,8 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
 
 
 def code_fingerprint(folder: str = "components") -> str:
-    """Hash of the module code that Transform, Tuner and Trainer load by name, so that editing it
-    invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
+    """Hash of the code below `folder` (by default all module code Transform, Tuner and Trainer load by name), so
+    that editing it invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
     digest = hashlib.sha256()
     for path in sorted((REPO_ROOT / folder).rglob("*.py")):
         digest.update(path.read_bytes())

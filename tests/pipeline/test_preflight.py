@@ -138,10 +138,14 @@ def test_unreadable_schema(project, capsys):
     assert message.startswith(f"error: schema file {project / 'schema.pbtxt'} is not a readable schema text file")
 
 
-def test_compile_checks_the_schema_too(project, capsys):
+def test_compile_and_submit_check_the_schema_too(project, capsys):
     with pytest.raises(DataError, match="which the schema .* does not describe"):
         check_config(load_config(project / "rides.yaml", ["data.vocab_features=[city, note]"]))
     assert cli.main(["compile", "kubeflow", "--config", str(project / "rides.yaml"), "--set",
                      "data.vocab_features=[city, note]", "--output", str(project / "kfp.yaml")]) == 2
     assert "does not describe" in capsys.readouterr().err
     assert not (project / "kfp.yaml").exists()
+    # Refused before anything is compiled or sent: the host is never reached.
+    assert cli.main(["submit", "kubeflow", "--config", str(project / "rides.yaml"), "--set",
+                     "data.vocab_features=[city, note]", "--host", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err.startswith("error: data.vocab_features lists 'note', which the schema")

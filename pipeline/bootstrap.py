@@ -121,6 +121,8 @@ def _distinct(profile: ColumnProfile, values: Counter) -> str:
 
 
 def _percent(share: float) -> str:
+    if 0 < share < 0.0005:
+        return "<0.1%"  # a few gaps in many rows must not read as none
     return f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
 
 

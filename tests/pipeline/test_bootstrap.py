@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from pipeline import cli
-from pipeline.bootstrap import infer_label, propose_markers
+from pipeline.bootstrap import _percent, infer_label, propose_markers
 from pipeline.config import load_config
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
@@ -136,3 +136,8 @@ def test_the_task_kind_follows_the_label_column(values, schema_type, kind, keys)
     choice = infer_label(_profile(values, empty=1), schema_type, [])
     assert (choice.kind, choice.keys) == (kind, keys)
     assert kind in choice.reason and "y is missing in 1 row" in choice.reason
+
+
+def test_a_few_gaps_in_many_rows_do_not_read_as_none():
+    assert [_percent(share) for share in (0.0, 2 / 15002, 0.0005, 0.093, 0.34)] == ["0.0%", "<0.1%", "0.1%", "9.3%",
+                                                                                       "34%"]

@@ -31,6 +31,9 @@ NOT_EXPORTED_FILE = "NOT_EXPORTED"
 SPLIT_PREFIX = "Split-"
 # ExampleValidator's report in each split folder of an ExampleAnomalies artifact.
 SCHEMA_DIFF_FILE = "SchemaDiff.pb"
+# StatisticsGen's TFDV statistics in each split folder, and SchemaGen's schema at its artifact's root.
+STATISTICS_FILE = "FeatureStats.pb"
+SCHEMA_FILE = "schema.pbtxt"
 # ExampleGen and Transform write gzipped TFRecord files of tf.Examples.
 RECORD_FILE_PATTERN = "*.gz"
 # The curated schema is copied below the pipeline root into a folder named by its content (see pipeline.py).

@@ -81,7 +81,10 @@ def build_model(numeric: list[str], cardinalities: dict[str, int], training: Tra
     tf.keras.mixed_precision.set_global_policy(training.mixed_precision)
     try:
         inputs = {name: tf.keras.Input(shape=(1,), name=name, dtype=tf.float32) for name in numeric}
-        parts = [tf.keras.layers.Concatenate(name="numeric")(list(inputs.values()))] if numeric else []
+        # One numeric input goes in as it is: Keras unwraps a one-tensor list when it clones the model (the
+        # Optimizer does), and Concatenate refuses a bare tensor.
+        parts = list(inputs.values()) if len(numeric) < 2 else [
+            tf.keras.layers.Concatenate(name="numeric")(list(inputs.values()))]
         for name, size in cardinalities.items():
             inputs[name] = tf.keras.Input(shape=(1,), name=name, dtype=tf.int64)
             dim = min(16, max(2, round(math.sqrt(size))))

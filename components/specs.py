@@ -25,6 +25,8 @@ TRAINING_KEY = "training"
 TUNER_KEY = "tuner"
 OPTIMIZE_KEY = "optimize"
 EXPORT_KEY = "export"
+# ExampleGen's custom_config: the cell values read as missing (data.missing_values).
+MISSING_VALUES_KEY = "missing_values"
 # A hash of components/ (pipeline.pipeline.code_fingerprint): TFX's cache keys on properties, not on source code.
 CODE_FINGERPRINT_KEY = "code_fingerprint"
 

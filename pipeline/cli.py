@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -50,6 +51,26 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    from pipeline.bootstrap import init_project
+    from pipeline.data import DataError
+    from pipeline.runner import PipelineError
+
+    # The command as the user could type it again, for the written files' headers (main may get argv, not sys.argv).
+    words = ["mlops", "init", "--data", args.data, "--label", args.label]
+    words += ["--output", args.output] if args.output != "." else []
+    words += ["--name", args.name] if args.name else []
+    try:
+        init_project(args.data, args.label, args.output, args.name, args.force, command=shlex.join(words))
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from components.distributed.launcher import WorkerFailedError
     from components.distributed.tfjob import TFJobFailedError
@@ -72,9 +93,11 @@ def _train(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from pipeline.kubeflow import KubeflowError, compile_pipeline
+    from pipeline.preflight import check_config
 
     config = load_config(args.config, args.overrides)
     try:
+        check_config(config)
         compiled = compile_pipeline(config, args.output)
     except (KubeflowError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -101,16 +124,20 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from pipeline.data import DataError
     from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
+    from pipeline.preflight import check_config
 
     config = load_config(args.config, args.overrides)
     arguments = _parameters(args.params)
     try:
+        if not args.package:
+            check_config(config)
         package = args.package or compile_to_temporary(config)
         run_id, link = submit(package, args.host or config.kubeflow.host, config.kubeflow.experiment,
                               args.run_name or f"{config.name} {time.strftime('%Y-%m-%d %H-%M-%S')}", arguments,
                               config.kubeflow.namespace)
-    except KubeflowError as e:
+    except (KubeflowError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (the KFP client raises urllib3, ApiException and ValueError alike)
@@ -132,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-only", action="store_true",
                      help="run the data stages only: ExampleGen, StatisticsGen, validation and Transform")
     run.set_defaults(handler=_run)
+    init = commands.add_parser(
+        "init", help="read a folder of CSV files as the pipeline does; write a schema, a starter config and a "
+                     "statistics page")
+    init.add_argument("--data", required=True, help="the folder of CSV files (one shared header)")
+    init.add_argument("--label", required=True, help="the column to predict")
+    init.add_argument("--output", default=".", help="where to write the three files (default: this folder)")
+    init.add_argument("--name", default="", help="the pipeline's and the model's name (default: the data folder's)")
+    init.add_argument("--force", action="store_true", help="replace files of the same names")
+    init.set_defaults(handler=_init)
     serving_cli.register(commands)
     rollout_cli.register(commands, _add_config_args)
     train = commands.add_parser(

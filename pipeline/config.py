@@ -28,6 +28,9 @@ class DataConfig:
     numeric_features: list[str] = field(default_factory=list)
     bucket_features: list[str] = field(default_factory=list)
     vocab_features: list[str] = field(default_factory=list)
+    # Cell values that mean "missing" besides the empty cell (which always does), in every column: e.g. [NA, "?"].
+    # ExampleGen reads them as empty cells, so a numeric column with such markers stays numeric.
+    missing_values: list[str] = field(default_factory=list)
     # Hash split of the rows: train and eval buckets.
     train_buckets: int = 4
     eval_buckets: int = 1
@@ -44,6 +47,8 @@ class LabelConfig:
     relative_to: str = ""
     # ... or, when set, label = (column == positive_value) for a string column.
     positive_value: str = ""
+    # The task: a yes/no label, one of N classes, or a number.
+    kind: Literal["binary", "multiclass", "regression"] = "binary"
 
 
 @dataclass

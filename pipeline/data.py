@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import csv
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tfx
@@ -68,3 +71,121 @@ def write_slice(source: Path, destination: Path, rows: int) -> Path:
                 break
             writer.writerow(row)
     return target
+
+
+# Cell values that often mean "missing" in published CSVs; `mlops init` proposes those it finds in numeric columns.
+COMMON_MISSING_MARKERS = ("NA", "N/A", "n/a", "na", "#N/A", "NULL", "null", "Null", "None", "none", "NaN", "nan",
+                          "?", "-", "--", ".")
+# A column's profile counts at most this many distinct values (and says when there are more).
+DISTINCT_CAP = 1000
+# Rows read at a time: each column's distinct cells of a chunk are looked at once.
+CHUNK_ROWS = 10_000
+# Values that are not integers, kept with their first location per column for error messages.
+ODD_VALUES_CAP = 50
+
+
+def csv_header(path: Path) -> list[str]:
+    """The header row of a CSV file (check_csv_folder has checked that it exists)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f))
+
+
+def cell_type(cell: str) -> str:
+    """How tfx_bsl's CSV decoder types a non-empty cell: "int" (int64), "float" or "string"."""
+    try:
+        return "int" if -2**63 <= int(cell) < 2**63 else "string"
+    except ValueError:
+        try:
+            float(cell)
+        except ValueError:
+            return "string"
+        return "float"
+
+
+@dataclass
+class ColumnProfile:
+    """One CSV column over every row: empty cells, marker cells, the values and how ExampleGen would type them."""
+
+    name: str
+    rows: int = 0
+    empty: int = 0
+    # Cells holding one of the markers the scan was given (surrounding blanks ignored).
+    markers: Counter = field(default_factory=Counter)
+    # Every other non-empty cell (stripped), counted up to DISTINCT_CAP distinct values ...
+    values: Counter = field(default_factory=Counter)
+    # ... and whether there were more.
+    more_values: bool = False
+    # "int", "float", "string" -> cells, over the non-empty, non-marker cells.
+    types: Counter = field(default_factory=Counter)
+    # Non-integer values (floats, strings) -> cells, and where each was first seen ("data.csv line 12").
+    odd_values: Counter = field(default_factory=Counter)
+    first_seen: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> int:
+        return self.empty + sum(self.markers.values())
+
+    @property
+    def kind(self) -> str:
+        """The column's type as ExampleGen infers it with the markers read as empty: "empty" when no value is left."""
+        for kind in ("string", "float", "int"):
+            if self.types[kind]:
+                return kind
+        return "empty"
+
+    def samples(self, kinds: tuple[str, ...], count: int = 3) -> str:
+        """The most frequent odd values of the given types, as "'NA' (37 cells, first at data.csv line 12)"."""
+        chosen = [(v, n) for v, n in self.odd_values.most_common() if cell_type(v) in kinds][:count]
+        return ", ".join(f"{v!r} ({n} cell{'s' * (n != 1)}, first at {self.first_seen[v]})" for v, n in chosen)
+
+
+def profile_columns(files: list[Path], markers: Collection[str] = (), columns: Collection[str] | None = None,
+                    ) -> dict[str, ColumnProfile]:
+    """Reads every row of the CSV files (which share a header) and profiles `columns` (all when None); cells that
+    equal a marker (surrounding blanks ignored) are counted as markers, not values."""
+    marker_set = {m.strip() for m in markers if m.strip()}
+    header = csv_header(files[0])
+    wanted = [(i, name) for i, name in enumerate(header) if columns is None or name in columns]
+    profiles = {name: ColumnProfile(name) for _, name in wanted}
+    for path in files:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            next(reader)
+            while True:
+                rows, lines = [], []
+                for row in reader:
+                    if row:
+                        rows.append(row)
+                        lines.append(reader.line_num)
+                        if len(rows) == CHUNK_ROWS:
+                            break
+                if not rows:
+                    break
+                # Column by column, each distinct cell once: most columns repeat their values.
+                by_column = list(zip(*rows, strict=True))
+                for i, name in wanted:
+                    _count_cells(profiles[name], by_column[i], marker_set, path, lines)
+    return profiles
+
+
+def _count_cells(profile: ColumnProfile, cells: tuple[str, ...], markers: set[str], path: Path,
+                 lines: list[int]) -> None:
+    for raw, count in Counter(cells).items():
+        profile.rows += count
+        cell = raw.strip()
+        if not cell:
+            profile.empty += count
+            continue
+        if cell in markers:
+            profile.markers[cell] += count
+            continue
+        if cell in profile.values or len(profile.values) < DISTINCT_CAP:
+            profile.values[cell] += count
+        else:
+            profile.more_values = True
+        kind = cell_type(cell)
+        profile.types[kind] += count
+        if kind != "int" and (cell in profile.odd_values or len(profile.odd_values) < ODD_VALUES_CAP):
+            profile.odd_values[cell] += count
+            if cell not in profile.first_seen:
+                profile.first_seen[cell] = f"{path.name} line {lines[cells.index(raw)]}"

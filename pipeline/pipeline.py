@@ -9,11 +9,14 @@ from typing import Any
 
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
+from tfx.components.example_gen.component import FileBasedExampleGen
 from tfx.dsl.components.base import executor_spec
 
 from components import artifacts
 from components.baseline import baseline_resolver
 from components.distributed.executor import DistributedTrainerExecutor
+from components.example_gen.executor import Executor as CsvMarkersExecutor
+from components.example_gen.executor import custom_config as example_gen_custom_config
 from components.exporter.component import Exporter
 from components.gates.component import DataValidationGate
 from components.optimizer.component import Optimizer
@@ -34,10 +37,13 @@ PREPROCESSING_FN = "components.transform.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
 TUNER_FN = "components.tuner.tuner_fn"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# ExampleGen's own code: only its edits re-run ExampleGen (the module code's fingerprint would re-run it on any edit).
+EXAMPLE_GEN_CODE = "components/example_gen"
 # Runtime parameters of the pipeline: a KFP run can set them without compiling again; local runs use the defaults.
 DATA_ROOT_PARAMETER = "data_root"
 TRAIN_ARGS_PARAMETER = "train_args"
 # Node ids that other code looks up in ML Metadata or wires channels by.
+EXAMPLE_GEN_NODE = "CsvExampleGen"
 TRANSFORM_NODE = "Transform"
 OPTIMIZER_NODE = "Optimizer"
 EVALUATOR_NODE = "Evaluator"
@@ -86,11 +92,11 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     )
 
 
-def code_fingerprint() -> str:
-    """Hash of the module code that Transform, Tuner and Trainer load by name, so that editing it
-    invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
+def code_fingerprint(folder: str = "components") -> str:
+    """Hash of the code below `folder` (by default all module code Transform, Tuner and Trainer load by name), so
+    that editing it invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
     digest = hashlib.sha256()
-    for path in sorted((REPO_ROOT / "components").rglob("*.py")):
+    for path in sorted((REPO_ROOT / folder).rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -150,18 +156,10 @@ def data_root(config: PipelineConfig) -> str:
     return config.data.path if artifacts.is_uri(config.data.path) else str(resolve_data_dir(config.data.path))
 
 
-def create_pipeline(
-    config: PipelineConfig, deployment: Deployment = LOCAL, data_only: bool = False
-) -> tfx.dsl.Pipeline:
-    """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines.
-
-    Each component gets the config sections it reads (components/specs.py), so that editing a later stage's
-    settings keeps the earlier stages cached. `data_only` stops after Transform: the data stages, whose cost grows
-    with the data and which the Beam runner runs.
-    """
-    fingerprint = code_fingerprint()
-    trainer_config = trainer_custom_config(config)
-    example_gen = tfx.components.CsvExampleGen(
+def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
+    """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells (also what
+    `mlops init` reads the data with, so that its schema describes the same encoding)."""
+    return FileBasedExampleGen(
         input_base=tfx.dsl.experimental.RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str,
                                                          default=data_root(config)),
         input_config=tfx.proto.Input(splits=[tfx.proto.Input.Split(name="single_split", pattern="*.csv")]),
@@ -173,7 +171,23 @@ def create_pipeline(
                 ]
             )
         ),
-    )
+        custom_config=example_gen_custom_config(config.data.missing_values, code_fingerprint(EXAMPLE_GEN_CODE)),
+        custom_executor_spec=executor_spec.BeamExecutorSpec(CsvMarkersExecutor),
+    ).with_id(EXAMPLE_GEN_NODE)
+
+
+def create_pipeline(
+    config: PipelineConfig, deployment: Deployment = LOCAL, data_only: bool = False
+) -> tfx.dsl.Pipeline:
+    """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines.
+
+    Each component gets the config sections it reads (components/specs.py), so that editing a later stage's
+    settings keeps the earlier stages cached. `data_only` stops after Transform: the data stages, whose cost grows
+    with the data and which the Beam runner runs.
+    """
+    fingerprint = code_fingerprint()
+    trainer_config = trainer_custom_config(config)
+    example_gen = csv_example_gen(config)
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_file(config, deployment))
     example_validator = tfx.components.ExampleValidator(

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
+from pipeline.preflight import check_config
 from pipeline.progress import StageProgress
 from pipeline.summary import RunSummary, latest_run, write_report
 
@@ -63,7 +64,8 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool 
     """Checks the data, runs every stage (only ExampleGen to Transform when `data_only`) with progress on `out`,
     and returns what the run produced.
 
-    Raises DataError (bad folder or CSV), DataValidationError (schema anomalies) or PipelineError.
+    Raises DataError (bad folder or CSV, a config that does not fit the schema or the CSV files),
+    DataValidationError (schema anomalies) or PipelineError.
     """
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
@@ -71,12 +73,15 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool 
     from components.gates.anomalies import DataValidationError
     from pipeline.pipeline import create_pipeline
 
+    files = None
     if artifacts.is_uri(config.data.path):
         # ExampleGen reads it through Beam; a bad file fails that stage with its name.
         source = f"CSV files from {config.data.path}"
     else:
         data_dir = resolve_data_dir(config.data.path)
-        source = f"{len(check_csv_folder(data_dir))} CSV file(s) from {data_dir}"
+        files = check_csv_folder(data_dir)
+        source = f"{len(files)} CSV file(s) from {data_dir}"
+    check_config(config, files)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = os.path.join(config.output_root, "logs")
     os.makedirs(log_dir, exist_ok=True)

@@ -1,6 +1,6 @@
 """The whole pipeline on 2,000 rows: a pruned, blessed model pushed to a TF Serving repository in four verified
-formats, a cached second run, an export gate that stops the push, and a corrupted CSV stopped by the
-data-validation gate with nothing pushed."""
+formats, a cached second run, an export gate that stops the push, a corrupted CSV stopped by the
+data-validation gate with nothing pushed, and a CSV that does not fit the config stopped before any stage."""
 import csv
 import json
 import math
@@ -157,17 +157,17 @@ def test_export_gate_failure_pushes_nothing(first_and_second_run, capsys):
     assert os.listdir(config.serving_dir) == [Path(first.pushed_path).name]
 
 
-def corrupt(source: Path, target: Path) -> None:
-    """Drops the trip_miles column, puts an unknown payment type, an hour of 99 and a word in fare."""
+def corrupt(source: Path, target: Path, drop: str = "trip_start_timestamp", fare_word: bool = False) -> None:
+    """Drops a column, puts an unknown payment type and an hour of 99, and (fare_word) a word in fare."""
     target.mkdir()
     with open(source / "data.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     for i, row in enumerate(rows):
-        del row["trip_miles"]
+        del row[drop]
         if i % 50 == 0:
             row["payment_type"] = "Bitcoin"
             row["trip_start_hour"] = "99"
-        if i == 7:
+        if i == 7 and fare_word:
             row["fare"] = "twelve dollars"
     with open(target / "data.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -176,6 +176,8 @@ def corrupt(source: Path, target: Path) -> None:
 
 
 def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
+    # What the check before the run cannot see: values outside the schema's domains, a schema column (not a
+    # feature) that is gone.
     corrupt(taxi_slice, tmp_path / "bad")
     output_root = tmp_path / "outputs"
     config = small_config(tmp_path / "bad", output_root)
@@ -183,11 +185,28 @@ def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 3
     assert "data-validation gate" in err
-    for feature in ("trip_miles", "payment_type", "trip_start_hour", "fare"):
+    for feature in ("trip_start_timestamp", "payment_type", "trip_start_hour"):
         assert f"] {feature}:" in err, f"{feature} should be named among the anomalies"
     assert "full report: " in err
     assert not Path(config.serving_dir).exists(), "nothing may be pushed"
     assert not Path(config.pipeline_root, "Transform").exists(), "nothing downstream of the gate may run"
+
+
+@pytest.mark.parametrize("drop, fare_word, message", [
+    ("trip_start_timestamp", True, "column 'fare' is FLOAT in the schema {schema}, but the CSV files in {data} hold "
+                                   "values that are not numbers: 'twelve dollars' (1 cell, first at data.csv line 9)"),
+    ("trip_miles", False, "data.numeric_features lists 'trip_miles', which is not a column of the CSV files in {data}"),
+])
+def test_a_word_in_a_numeric_column_or_a_missing_feature_stops_before_any_stage(taxi_slice, tmp_path, capsys, drop,
+                                                                               fare_word, message):
+    corrupt(taxi_slice, tmp_path / "bad", drop, fare_word)
+    output_root = tmp_path / "outputs"
+    config = small_config(tmp_path / "bad", output_root)
+    assert cli.main(["run", *as_cli_flags(small_overrides(tmp_path / "bad", output_root))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: " + message.format(schema=config.schema_path, data=tmp_path / "bad"))
+    assert "\n" not in err
+    assert not output_root.exists(), "nothing may be written, least of all below the serving folder"
 
 
 def test_missing_data_folder_is_one_clear_sentence(tmp_path, capsys):

@@ -115,3 +115,13 @@ def test_tuned_hyperparameters_replace_width_depth_and_rate():
     assert tuned.hidden_units == [32, 16, 8]
     assert tuned.learning_rate == pytest.approx(0.005)
     assert apply_hyperparameters(training(), None) == training()
+
+
+@pytest.mark.parametrize("numeric", [["fare_xf"], []])
+def test_one_or_no_numeric_feature_builds_and_clones_as_the_optimizer_does(numeric):
+    model = build_model(numeric, CARDINALITIES, training())
+    clone = tf.keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    features, _ = random_batch(8)
+    batch = {name: features[name] for name in [*numeric, *CARDINALITIES]}
+    np.testing.assert_allclose(clone.predict(batch, verbose=0), model.predict(batch, verbose=0), rtol=1e-6)

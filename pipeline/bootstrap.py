@@ -1,0 +1,483 @@
+"""`mlops init`: from a folder of raw CSV files to a schema, a starter config and a statistics page.
+
+The data is read by the pipeline's own ExampleGen (with the missing-value markers found in it), StatisticsGen and
+SchemaGen, so the schema describes exactly the encoding `mlops run` will validate. The config's choices (the task
+kind, each column's feature group) come from the statistics, and each is printed and written beside its key with the
+reason, for a person to review.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
+
+from pipeline.config import BeamConfig, ConfigError, DataConfig, PipelineConfig, load_config
+from pipeline.data import (
+    COMMON_MISSING_MARKERS,
+    ColumnProfile,
+    DataError,
+    check_csv_folder,
+    csv_header,
+    profile_columns,
+)
+from pipeline.statistics_page import statistics_html
+
+SPLITS = ("train", "eval")
+# Integer columns with at most this many distinct values are codes (hour, month, category id): a vocabulary.
+VOCAB_MAX_INTEGER_VALUES = 32
+# A string column with more distinct values than this and than half its rows is an identifier or free text.
+IDENTIFIER_MIN_VALUES = 50
+# An integer label with at most this many distinct values holds class ids; more make it a quantity (regression).
+MAX_INTEGER_CLASSES = 20
+# More classes than this are no classification task a starter config should propose.
+MAX_CLASSES = 100
+# A number whose farthest value lies more than this many times its 10-90% range beyond that range has a long tail:
+# quantile buckets keep the outliers from dominating a z-score.
+LONG_TAIL_RATIO = 5.0
+# String labels read as the positive answer of a yes/no question.
+POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
+SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_pb2.BYTES: "strings"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a column goes: "numeric", "bucket" or "vocab" (a feature group of data.*), or None (left out)."""
+
+    column: str
+    group: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class LabelChoice:
+    kind: str
+    # The label keys besides column and kind: threshold or positive_value for a binary label.
+    keys: dict[str, Any]
+    reason: str
+
+
+@dataclass(frozen=True)
+class InitResult:
+    config_path: Path
+    schema_path: Path
+    statistics_path: Path
+    missing_values: list[str]
+    label: LabelChoice
+    placements: list[Placement]
+
+
+def _cells(count: int) -> str:
+    return f"{count:,} cell{'s' * (count != 1)}"
+
+
+def propose_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str], list[str]]:
+    """The common markers found in columns whose other values are all numbers (there they can only mean "missing"),
+    and a note per marker found, saying where and whether it is proposed."""
+    in_numbers: dict[str, dict[str, int]] = {}
+    in_strings: dict[str, dict[str, int]] = {}
+    for profile in profiles.values():
+        numbers_otherwise = sum(profile.types.values()) > 0 and not profile.types["string"]
+        for marker, count in profile.markers.items():
+            (in_numbers if numbers_otherwise else in_strings).setdefault(marker, {})[profile.name] = count
+    proposed = [m for m in COMMON_MISSING_MARKERS if m in in_numbers]
+    notes = []
+    for marker in proposed:
+        where = ", ".join(f"{column} {_cells(n)}" for column, n in in_numbers[marker].items())
+        note = f"{marker!r} in numeric columns ({where})"
+        if marker in in_strings:
+            where = ", ".join(f"{column} {_cells(n)}" for column, n in in_strings[marker].items())
+            note += f"; also read as missing in the string columns {where}"
+        notes.append(note)
+    for marker in (m for m in COMMON_MISSING_MARKERS if m in in_strings and m not in in_numbers):
+        where = ", ".join(f"{column} {_cells(n)}" for column, n in in_strings[marker].items())
+        notes.append(f"{marker!r} only in string columns ({where}): not proposed, as it may be a value there; add it "
+                     "to data.missing_values if it means missing")
+    return proposed, notes
+
+
+def _values(profile: ColumnProfile, markers: list[str]) -> Counter:
+    """The column's values once `markers` are read as missing: markers not among them are values."""
+    values = Counter(profile.values)
+    values.update({m: n for m, n in profile.markers.items() if m not in markers})
+    return values
+
+
+def _missing(profile: ColumnProfile, markers: list[str]) -> int:
+    return profile.empty + sum(n for m, n in profile.markers.items() if m in markers)
+
+
+def _distinct(profile: ColumnProfile, values: Counter) -> str:
+    return f"more than {len(values):,}" if profile.more_values else f"{len(values):,}"
+
+
+def _percent(share: float) -> str:
+    if 0 < share < 0.0005:
+        return "<0.1%"  # a few gaps in many rows must not read as none
+    return f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
+
+
+def _shares(values: Counter, total: int) -> str:
+    shown = ", ".join(f"{v!r} {_percent(n / total)}" for v, n in values.most_common(5))
+    return shown + (", ..." if len(values) > 5 else "")
+
+
+def infer_label(profile: ColumnProfile, schema_type: int, markers: list[str]) -> LabelChoice:
+    """The task kind from the label column's type and values, with the reason; DataError when none fits."""
+    values = _values(profile, markers)
+    column = profile.name
+    if not values:
+        raise DataError(f"label column '{column}' has no value in any row; choose another --label.")
+    if len(values) == 1:
+        raise DataError(f"label column '{column}' holds one value only ({next(iter(values))!r}), so there is nothing "
+                        "to predict; choose another --label.")
+    total = sum(values.values())
+    described = f"{SCHEMA_TYPES.get(schema_type, 'values')}, {_distinct(profile, values)} distinct values"
+    missing = _missing(profile, markers)
+    gaps = f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}" if missing else ""
+    if len(values) == 2 and schema_type == schema_pb2.BYTES:
+        positive, why = _positive_value(values)
+        return LabelChoice("binary", {"positive_value": positive},
+                           f"{described} ({_shares(values, total)}): binary, positive_value {positive!r} ({why}){gaps}")
+    if len(values) == 2:
+        low, high = sorted(float(v) for v in values)
+        threshold = (low + high) / 2
+        return LabelChoice("binary", {"threshold": threshold},
+                           f"{described} ({_shares(values, total)}): binary, label = {column} > {threshold:g}, so "
+                           f"{high:g} is the positive class{gaps}")
+    if schema_type == schema_pb2.BYTES:
+        if profile.more_values or len(values) > MAX_CLASSES:
+            raise DataError(f"label column '{column}' holds {_distinct(profile, values)} distinct strings, too many "
+                            f"classes (at most {MAX_CLASSES}); choose another --label.")
+        return LabelChoice("multiclass", {}, f"{described} ({_shares(values, total)}): multiclass{gaps}")
+    if schema_type == schema_pb2.INT and len(values) <= MAX_INTEGER_CLASSES:
+        return LabelChoice("multiclass", {},
+                           f"{described}, at most {MAX_INTEGER_CLASSES} ({_shares(values, total)}): multiclass, one "
+                           f"class per integer (set label.kind: regression to predict it as a number){gaps}")
+    numbers = [float(v) for v in values]
+    return LabelChoice("regression", {},
+                       f"{described} from {min(numbers):g} to {max(numbers):g}: regression{gaps}")
+
+
+def _positive_value(values: Counter) -> tuple[str, str]:
+    for value in sorted(values):
+        if value.strip().lower() in POSITIVE_WORDS:
+            return value, "it reads as the positive answer"
+    rare = min(values.items(), key=lambda item: (item[1], item[0]))[0]
+    return rare, "the rarer value; set label.positive_value to the other one to flip it"
+
+
+def _long_tail(stats: statistics_pb2.FeatureNameStatistics) -> str:
+    """Why a number's distribution has a long tail (empty when it has none), from TFDV's deciles."""
+    deciles = next((h for h in stats.num_stats.histograms if h.type == statistics_pb2.Histogram.QUANTILES), None)
+    if deciles is None or len(deciles.buckets) < 3:
+        return ""
+    q10, q90 = deciles.buckets[0].high_value, deciles.buckets[-2].high_value
+    low, high = stats.num_stats.min, stats.num_stats.max
+    spread = q90 - q10
+    if spread <= 0 or max(high - q90, q10 - low) <= LONG_TAIL_RATIO * spread:
+        return ""
+    far = high if high - q90 >= q10 - low else low
+    return f"long tail: {far:g} lies far outside the 10-90% range {q10:g} to {q90:g}"
+
+
+def place_features(header: list[str], label: str, profiles: dict[str, ColumnProfile], markers: list[str],
+                   types: dict[str, int], train: statistics_pb2.DatasetFeatureStatistics) -> list[Placement]:
+    """Each column but the label: numeric, bucketized, vocabulary or left out, with the reason."""
+    stats = {f.path.step[0]: f for f in train.features}
+    placements = []
+    for column in header:
+        if column == label:
+            continue
+        profile = profiles[column]
+        values = _values(profile, markers)
+        schema_type = types.get(column, schema_pb2.TYPE_UNKNOWN)
+        if not values or schema_type not in SCHEMA_TYPES:
+            placements.append(Placement(column, None, "no value in any row"))
+            continue
+        if len(values) == 1:
+            placements.append(Placement(column, None, f"one value only ({next(iter(values))!r}): it cannot tell "
+                                                      "rows apart"))
+            continue
+        missing = _missing(profile, markers)
+        present = profile.rows - missing
+        gaps = f", {_percent(missing / profile.rows)} missing" if missing else ""
+        described = f"{SCHEMA_TYPES[schema_type]}, {_distinct(profile, values)} distinct values{gaps}"
+        if schema_type == schema_pb2.BYTES:
+            if len(values) > IDENTIFIER_MIN_VALUES and (profile.more_values or len(values) > present / 2):
+                placements.append(Placement(column, None, f"{described} in {present:,} rows: an identifier or free "
+                                                          "text, which a vocabulary cannot generalise from"))
+            else:
+                placements.append(Placement(column, "vocab", described))
+            continue
+        if schema_type == schema_pb2.INT and not profile.more_values and len(values) <= VOCAB_MAX_INTEGER_VALUES:
+            placements.append(Placement(column, "vocab", f"{described}, at most {VOCAB_MAX_INTEGER_VALUES}: codes "
+                                                         "rather than quantities"))
+            continue
+        tail = _long_tail(stats[column]) if column in stats else ""
+        placements.append(Placement(column, "bucket", f"{described}; {tail}") if tail
+                          else Placement(column, "numeric", described))
+    return placements
+
+
+def finish_schema(schema: schema_pb2.Schema, label: str) -> schema_pb2.Schema:
+    """SchemaGen's schema with the environments of the curated taxi schema: the label is absent when serving."""
+    finished = schema_pb2.Schema()
+    finished.CopyFrom(schema)
+    for environment in ("TRAINING", "SERVING"):
+        if environment not in finished.default_environment:
+            finished.default_environment.append(environment)
+    for feature in finished.feature:
+        if feature.name == label and "SERVING" not in feature.not_in_environment:
+            feature.not_in_environment.append("SERVING")
+    return finished
+
+
+def schema_text(schema: schema_pb2.Schema, data_dir: Path, command: str) -> str:
+    """The schema as a text proto, headed by what to review in it."""
+    header = [f"# Written by `{command}`: SchemaGen's schema of {data_dir}, as the pipeline's ExampleGen reads it",
+              "# (data.missing_values as empty cells). The data-validation gate checks every run against it. Review:",
+              "# - type: INT, FLOAT or BYTES (a string) per column;",
+              "# - presence: min_fraction 1.0 means every row has the column (an empty cell counts as present);",
+              "#   a shape (dim size 1) means every row has a value, so a future gap there is an anomaly;",
+              "# - string_domain: a closed list of values; a value outside it is an anomaly (delete the domain and",
+              "#   the feature's `domain:` line to allow any value);",
+              "# - the label column is absent in the SERVING environment: requests do not carry it."]
+    return "\n".join(header) + "\n" + text_format.MessageToString(schema)
+
+
+def schema_anomalies(statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList],
+                     schema: schema_pb2.Schema) -> list[str]:
+    """What ExampleValidator (TFDV's validate_statistics) would report for each split: nothing for a schema made from
+    that data."""
+    import tensorflow_data_validation as tfdv
+
+    found = []
+    for split, stats in statistics.items():
+        anomalies = tfdv.validate_statistics(stats, schema)
+        for feature, info in sorted(anomalies.anomaly_info.items()):
+            found.append(f"[{split}] {feature}: {info.description or info.short_description}")
+    return found
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar as written in a flow list: quoted where YAML would read it otherwise (?, -, null)."""
+    return yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1]
+
+
+def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: list[str], label_column: str,
+                label_name: str, label: LabelChoice, placements: list[Placement], schema_file: str,
+                command: str) -> str:
+    """The starter config as YAML, each choice with its reason as a comment."""
+    lines = [f"# Written by `{command}`: a starting point to review.",
+             f"# The schema ({schema_file}) and this file came from the data; {name}_statistics.html shows it.",
+             "# Any key of pipeline/configs/taxi.yaml can be added; the others keep their defaults.",
+             f"name: {_scalar(name)}", f"model_name: {_scalar(name)}", "output_root: outputs",
+             f"schema_path: {_scalar(schema_file)}   # relative paths are looked up beside this file", "",
+             "data:", f"  path: {_scalar(str(data_dir))}"]
+    if marker_notes:
+        lines += ["  # Read as missing besides the empty cell (in every column):"]
+        lines += [f"  #   {note}" for note in marker_notes]
+    lines.append(f"  missing_values: [{', '.join(_scalar(m) for m in markers)}]")
+    width = max((len(_scalar(p.column)) for p in placements), default=0)
+    for group in ("numeric", "bucket", "vocab"):
+        chosen = [p for p in placements if p.group == group]
+        if not chosen:
+            lines.append(f"  {group}_features: []")
+            continue
+        lines.append(f"  {group}_features:")
+        lines += [f"    - {_scalar(p.column):<{width}}  # {p.reason}" for p in chosen]
+    left_out = [p for p in placements if p.group is None]
+    if left_out:
+        lines.append("  # Left out:")
+        lines += [f"  #   {p.column}: {p.reason}" for p in left_out]
+    lines += ["", "label:", f"  # {label_column}: {label.reason}"]
+    if label_name != "label":
+        lines.append(f"  name: {_scalar(label_name)}   # 'label' is a column of the data")
+    lines += [f"  column: {_scalar(label_column)}", f"  kind: {label.kind}"]
+    lines += [f"  {key}: {_scalar(value)}" for key, value in label.keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _name_from(folder: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", folder.resolve().name).strip("_-")
+    return name or "my_data"
+
+
+def _read_outputs(config: PipelineConfig) -> tuple[dict[str, statistics_pb2.DatasetFeatureStatisticsList],
+                                                   schema_pb2.Schema]:
+    from components import artifacts
+    from pipeline import metadata
+
+    store = metadata.connect(os.path.abspath(config.metadata_path))
+    statistics = {}
+    for split in SPLITS:
+        folder = metadata.latest_split(store, config.name, "StatisticsGen", "statistics", split)
+        statistics[split] = statistics_pb2.DatasetFeatureStatisticsList.FromString(
+            artifacts.read_bytes(artifacts.join(folder, artifacts.STATISTICS_FILE)))
+    schema_uri = metadata.latest_outputs(store, config.name, "SchemaGen")["schema"].uri
+    schema = text_format.Parse(artifacts.read_text(artifacts.join(schema_uri, artifacts.SCHEMA_FILE)),
+                               schema_pb2.Schema())
+    return statistics, schema
+
+
+def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, statistics_pb2.DatasetFeatureStatisticsList],
+                                                                 schema_pb2.Schema]:
+    """ExampleGen, StatisticsGen and SchemaGen on `config`'s data (its split and markers), below its output_root;
+    the statistics of each split and the inferred schema."""
+    from tfx import v1 as tfx
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+    from pipeline.pipeline import EXAMPLE_GEN_NODE, beam_args, csv_example_gen
+    from pipeline.progress import StageProgress
+    from pipeline.runner import PipelineError, _logs_to_file
+
+    example_gen = csv_example_gen(config)
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
+    pipeline = tfx.dsl.Pipeline(
+        pipeline_name=config.name,
+        pipeline_root=os.path.abspath(config.pipeline_root),
+        components=[example_gen, statistics_gen, schema_gen],
+        enable_cache=False,
+        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+            os.path.abspath(config.metadata_path)),
+        beam_pipeline_args=beam_args(config),
+    )
+    log_path = os.path.join(config.output_root, "init.log")
+    progress = StageProgress([EXAMPLE_GEN_NODE, "StatisticsGen", "SchemaGen"], out,
+                             os.path.abspath(config.metadata_path), config.name)
+    try:
+        with _logs_to_file(log_path), progress.track():
+            LocalDagRunner().run(pipeline)
+    except Exception as error:
+        progress.failed()
+        raise PipelineError(f"{progress.current or 'reading the data'} failed: {error}; see the log at "
+                            f"{log_path}") from error
+    return _read_outputs(config)
+
+
+def init_project(data: str, label: str, output: str = ".", name: str = "", force: bool = False,
+                 out: TextIO | None = None, command: str = "") -> InitResult:
+    """Reads the CSV folder `data` as the pipeline will, and writes <name>.yaml, <name>_schema.pbtxt and
+    <name>_statistics.html to `output`. Raises DataError (exit code 2) for anything the user can fix."""
+    out = out or sys.stdout
+    folder = Path(data)
+    if folder.is_file():
+        raise DataError(f"--data {folder} is a file; pass the folder that holds the CSV files ({folder.parent}).")
+    files = check_csv_folder(folder)
+    header = csv_header(files[0])
+    if label not in header:
+        raise DataError(f"--label {label!r} is not a column of the CSV files in {folder}; choose one of "
+                        f"{', '.join(header)}.")
+    name = name or _name_from(folder)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
+        raise DataError(f"--name {name!r} must be letters, digits, '_' and '-' (it names files and the model).")
+    target = Path(output)
+    paths = [target / f"{name}.yaml", target / f"{name}_schema.pbtxt", target / f"{name}_statistics.html"]
+    if target.exists() and not target.is_dir():
+        raise DataError(f"--output {target} is a file; pass a folder.")
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise DataError(f"{', '.join(existing)} already exist{'s' * (len(existing) == 1)}; pass --force to replace "
+                        "them, or --output another folder.")
+
+    profiles = profile_columns(files, COMMON_MISSING_MARKERS)
+    rows = next(iter(profiles.values())).rows
+    print(f"reading {len(files)} CSV file(s) from {folder.resolve()}: {rows:,} rows, {len(header)} columns", file=out)
+    markers, marker_notes = propose_markers(profiles)
+    for note in marker_notes:
+        print(f"  missing-value marker {note}", file=out)
+    print(f"  data.missing_values: [{', '.join(_scalar(m) for m in markers)}]", file=out, flush=True)
+
+    if len(_values(profiles[label], markers)) < 2:
+        infer_label(profiles[label], schema_pb2.TYPE_UNKNOWN, markers)
+
+    work = Path(tempfile.mkdtemp(prefix="mlops-init-"))
+    config = PipelineConfig(name=name, output_root=str(work),
+                            data=DataConfig(path=str(folder.resolve()), missing_values=markers),
+                            beam=BeamConfig(direct_running_mode="in_memory"))
+    statistics, inferred = run_statistics(config, out)
+    try:
+        result = _choose_and_write(name, folder, label, header, profiles, markers, marker_notes, statistics, inferred,
+                                   paths, work, command or f"mlops init --data {data} --label {label}", out)
+    except DataError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    width = max(len(str(p)) for p in paths)
+    print("wrote", file=out)
+    for path, what in zip(paths, ("the config", "the schema the data-validation gate checks",
+                                  "the statistics of every column, per split"), strict=True):
+        print(f"  {str(path):<{width}}  {what}", file=out)
+    print(f"review these two files, then `mlops run --config {paths[0]}`", file=out, flush=True)
+    return result
+
+
+def _choose_and_write(name: str, folder: Path, label: str, header: list[str], profiles: dict[str, ColumnProfile],
+                      markers: list[str], marker_notes: list[str],
+                      statistics: dict[str, statistics_pb2.DatasetFeatureStatisticsList], inferred: schema_pb2.Schema,
+                      paths: list[Path], work: Path, command: str, out: TextIO) -> InitResult:
+    types = {feature.name: feature.type for feature in inferred.feature}
+    choice = infer_label(profiles[label], types.get(label, schema_pb2.TYPE_UNKNOWN), markers)
+    print(f"label {label}: {choice.reason}", file=out)
+    placements = place_features(header, label, profiles, markers, types, statistics["train"].datasets[0])
+    if not any(p.group for p in placements):
+        raise DataError(f"no column besides '{label}' can be a feature: "
+                        + "; ".join(f"{p.column}: {p.reason}" for p in placements) + ".")
+    print("features:", file=out)
+    width = max(len(p.column) for p in placements)
+    groups = {"numeric": "numeric", "bucket": "bucketized", "vocab": "vocabulary", None: "left out"}
+    for placement in placements:
+        print(f"  {groups[placement.group]:<10}  {placement.column:<{width}}  {placement.reason}", file=out)
+
+    schema = finish_schema(inferred, label)
+    anomalies = schema_anomalies(statistics, schema)
+    if anomalies:
+        raise RuntimeError("the schema mlops init made does not accept the data it came from: "
+                           + "; ".join(anomalies) + f" (the work folder {work} holds the statistics)")
+    counts = ", ".join(f"{split} {stats.datasets[0].num_examples:,} rows" for split, stats in statistics.items())
+    print(f"the schema accepts the data it came from ({counts}): no anomalies", file=out)
+
+    label_name = next(n for n in ("label", "target", f"{label}_label") if n not in header)
+    config = config_text(name, folder.resolve(), markers, marker_notes, label, label_name, choice, placements,
+                         paths[1].name, command)
+    notes = [f"Missing-value markers read as empty cells: {', '.join(repr(m) for m in markers) or 'none'}."]
+    page = statistics_html(statistics, f"Statistics of {folder.resolve()}", notes)
+    texts = [config, schema_text(schema, folder.resolve(), command), page]
+    # The config must load (beside its schema) before anything is written where the user asked.
+    for path, text in zip(paths, texts, strict=True):
+        (work / path.name).write_text(text)
+    try:
+        load_config(work / paths[0].name)
+    except ConfigError as e:
+        raise RuntimeError(f"mlops init made a config that does not load ({e}); see {work}.") from e
+    _write_all(paths, texts)
+    return InitResult(paths[0], paths[1], paths[2], markers, choice, placements)
+
+
+def _write_all(paths: list[Path], texts: list[str]) -> None:
+    """Writes every file or none: each goes to a temporary name first, then all are renamed."""
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    staged = []
+    try:
+        for path, text in zip(paths, texts, strict=True):
+            temporary = path.with_name(f".{path.name}.tmp")
+            temporary.write_text(text)
+            staged.append(temporary)
+    except OSError as e:
+        for temporary in staged:
+            temporary.unlink(missing_ok=True)
+        raise DataError(f"cannot write to {paths[0].parent}: {e.strerror}; pass --output a folder you can write.") \
+            from e
+    for temporary, path in zip(staged, paths, strict=True):
+        os.replace(temporary, path)

@@ -1,0 +1,143 @@
+"""`mlops init`: a raw CSV folder with its own missing-value markers and gaps becomes a schema the data-validation gate
+accepts on that same data, and a starter config that loads and runs the data stages."""
+import csv
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2
+
+from pipeline import cli
+from pipeline.bootstrap import _percent, infer_label, propose_markers
+from pipeline.config import load_config
+from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
+
+HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
+
+
+def write_houses(folder: Path, rows: int = 160) -> Path:
+    """A public-looking CSV: 'NA' and '?' in numeric columns, empty cells, '-' as a value of a string column."""
+    rng = random.Random(7)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "houses.csv", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(HEADER)
+        for i in range(rows):
+            age = "NA" if i % 17 == 0 else "" if i % 23 == 0 else str(rng.randint(18, 90))
+            # Moderate incomes and a few huge ones: a long tail.
+            income = f"{rng.lognormvariate(10, 0.5):.2f}" if i % 40 != 1 else "4000000.00"
+            income = "NA" if i % 13 == 0 else "?" if i % 29 == 0 else income
+            city = "" if i % 11 == 0 else rng.choice(["Paris", "Rome", "Oslo", "Lima"])
+            rooms = "" if i % 19 == 0 else str(rng.randint(1, 6))
+            note = rng.choice(["-", "garden", "garage"])
+            bought = "yes" if rng.random() < 0.4 else "no"
+            writer.writerow([f"h{i:04d}", age, income, city, rooms, "FR", note, bought])
+    return folder
+
+
+def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_that_runs(tmp_path, capsys):
+    data = write_houses(tmp_path / "houses")
+    out = tmp_path / "project"
+    assert cli.main(["init", "--data", str(data), "--label", "bought", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    config_path, schema_path = out / "houses.yaml", out / "houses_schema.pbtxt"
+    assert "data.missing_values: [NA, '?']" in printed
+    assert "'-' only in string columns (note " in printed, "a marker among strings is a value there: not proposed"
+    assert "label bought: strings, 2 distinct values" in printed and "binary, positive_value 'yes'" in printed
+    assert printed.rstrip().endswith(f"review these two files, then `mlops run --config {config_path}`")
+
+    config = load_config(config_path)
+    assert config.data.missing_values == ["NA", "?"]
+    assert config.schema_path == str(schema_path)
+    assert (config.label.column, config.label.kind, config.label.positive_value) == ("bought", "binary", "yes")
+    assert config.data.numeric_features == ["age"]
+    assert config.data.bucket_features == ["income"], "the long tail goes to quantile buckets"
+    assert config.data.vocab_features == ["city", "rooms", "note"], "a small set of integers is codes"
+    assert "bought" not in config.features and "house_id" not in config.features and "country" not in config.features
+    written = config_path.read_text()
+    assert "#   house_id: strings, 160 distinct values in 160 rows: an identifier" in written
+    assert "#   country: one value only ('FR')" in written
+
+    schema = text_format.Parse(schema_path.read_text(), schema_pb2.Schema())
+    features = {feature.name: feature for feature in schema.feature}
+    assert features["age"].type == schema_pb2.INT and features["income"].type == schema_pb2.FLOAT
+    for name in ("age", "income", "city", "rooms"):
+        # ExampleGen encodes a gap as an empty list: a minimum of one value would reject the data it came from.
+        assert not features[name].HasField("shape") and features[name].value_count.min == 0, name
+    assert list(features["bought"].not_in_environment) == ["SERVING"]
+    page = (out / "houses_statistics.html").read_text()
+    assert "<h2>Numbers</h2>" in page and "<td>income</td>" in page
+    assert "Missing-value markers read as empty cells: &#x27;NA&#x27;, &#x27;?&#x27;" in page
+
+    # The pipeline's own gate (ExampleValidator + DataValidationGate) and Transform on the very same files.
+    overrides = [f"output_root={tmp_path / 'outputs'}", "beam.direct_running_mode=in_memory",
+                 "transform.statistics=false"]
+    assert cli.main(["run", "--data-only", "--config", str(config_path),
+                     *[flag for o in overrides for flag in ("--set", o)]]) == 0
+    assert "DataValidationGate done" in capsys.readouterr().out
+
+
+def test_the_same_data_without_its_markers_stops_before_tfx_with_the_marker_to_set(tmp_path, capsys):
+    data = write_houses(tmp_path / "houses", rows=60)
+    out = tmp_path / "project"
+    assert cli.main(["init", "--data", str(data), "--label", "bought", "--output", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", "--config", str(out / "houses.yaml"), "--set", "data.missing_values=[NA]",
+                     "--set", f"output_root={tmp_path / 'outputs'}"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("error: column 'income' is FLOAT in the schema") and "\n" not in message
+    assert "'?' (2 cells, first at houses.csv line 31)" in message and "add them to data.missing_values" in message
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_init_refuses_what_the_user_must_fix_and_writes_nothing(tmp_path, capsys):
+    data = write_houses(tmp_path / "houses", rows=20)
+    out = tmp_path / "project"
+    assert cli.main(["init", "--data", str(data), "--label", "price", "--output", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --label 'price' is not a column of the CSV files in {data}; "
+                                               f"choose one of {', '.join(HEADER)}.")
+    assert cli.main(["init", "--data", str(data), "--label", "country", "--output", str(out)]) == 2
+    assert "holds one value only ('FR'), so there is nothing to predict" in capsys.readouterr().err
+    assert not out.exists()
+    out.mkdir()
+    (out / "houses.yaml").write_text("mine")
+    assert cli.main(["init", "--data", str(data), "--label", "bought", "--output", str(out)]) == 2
+    assert "already exists; pass --force to replace them" in capsys.readouterr().err
+    assert (out / "houses.yaml").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["houses.yaml"]
+
+
+def test_markers_are_proposed_only_where_the_other_values_are_numbers(tmp_path):
+    (tmp_path / "d.csv").write_text("a,b,c\nNA,x,null\n1,NA,2\n2.5,-,NaN\n,y,3\n")
+    profiles = profile_columns([tmp_path / "d.csv"], COMMON_MISSING_MARKERS)
+    assert profiles["a"].markers == Counter({"NA": 1}) and profiles["a"].empty == 1
+    proposed, notes = propose_markers(profiles)
+    assert proposed == ["NA", "null", "NaN"]
+    assert notes[0] == "'NA' in numeric columns (a 1 cell); also read as missing in the string columns b 1 cell"
+    assert notes[-1].startswith("'-' only in string columns (b 1 cell): not proposed")
+
+
+def _profile(values: dict[str, int], empty: int = 0) -> ColumnProfile:
+    profile = ColumnProfile("y", rows=sum(values.values()) + empty, empty=empty, values=Counter(values))
+    return profile
+
+
+@pytest.mark.parametrize("values, schema_type, kind, keys", [
+    ({"yes": 5, "no": 9}, schema_pb2.BYTES, "binary", {"positive_value": "yes"}),
+    ({"cat": 5, "dog": 2}, schema_pb2.BYTES, "binary", {"positive_value": "dog"}),
+    ({"0": 5, "1": 2}, schema_pb2.INT, "binary", {"threshold": 0.5}),
+    ({"setosa": 5, "versicolor": 5, "virginica": 5}, schema_pb2.BYTES, "multiclass", {}),
+    ({str(i): 3 for i in range(7)}, schema_pb2.INT, "multiclass", {}),
+    ({str(i): 1 for i in range(40)}, schema_pb2.INT, "regression", {}),
+    ({"1.5": 2, "2.25": 1, "7.0": 1}, schema_pb2.FLOAT, "regression", {}),
+])
+def test_the_task_kind_follows_the_label_column(values, schema_type, kind, keys):
+    choice = infer_label(_profile(values, empty=1), schema_type, [])
+    assert (choice.kind, choice.keys) == (kind, keys)
+    assert kind in choice.reason and "y is missing in 1 row" in choice.reason
+
+
+def test_a_few_gaps_in_many_rows_do_not_read_as_none():
+    assert [_percent(share) for share in (0.0, 2 / 15002, 0.0005, 0.093, 0.34)] == ["0.0%", "<0.1%", "0.1%", "9.3%",
+                                                                                       "34%"]

@@ -71,9 +71,12 @@ def cluster_config(config: PipelineConfig, form: str) -> tuple[PipelineConfig, l
     if baseline != "none" and baseline != allowed:
         notes.append(f"evaluation.baseline {baseline} -> {allowed}: " + (
             "open-source Kubeflow Pipelines runs no resolver node, so the Evaluator compares with no baseline "
-            "(evaluation.min_auc only)" if form == ".yaml" else
+            "(evaluation.lower_bound and upper_bound only)" if form == ".yaml" else
             "Vertex AI Pipelines runs only TFX's LatestBlessedModelStrategy"))
         baseline = allowed
+    if baseline == "none" and config.evaluation.lower_bound is None and config.evaluation.upper_bound is None:
+        raise KubeflowError("this form compiles without a baseline model, and no evaluation.lower_bound or "
+                            "evaluation.upper_bound is set, so nothing could bless a model; set one.")
     data = dataclasses.replace(config.data, path=settings.data_path or embedded_sample_in_image())
     evaluation = dataclasses.replace(config.evaluation, baseline=baseline)
     cluster = dataclasses.replace(config, output_root=settings.output_root, artifact_root="", data=data,

@@ -77,8 +77,10 @@ def class_ids(column: tf.Tensor | tf.SparseTensor) -> tf.Tensor:
     """A multiclass label as int64 class ids [batch]: the classes are a vocabulary of the column's values (its text
     for an integer column), ordered by their fingerprint, so the order depends only on which classes there are,
     not on how often each occurs. A missing value or a class the training split lacks gets -1."""
-    text, _ = _dense_and_present(_as_string(column), "")
-    classes = tft.vocabulary(text, vocab_filename=CLASSES_VOCABULARY, fingerprint_shuffle=True)
+    text, present = _dense_and_present(_as_string(column), "")
+    # A missing label is no class: the Trainer refuses such rows instead of learning an empty class name.
+    classes = tft.vocabulary(tf.boolean_mask(text, present), vocab_filename=CLASSES_VOCABULARY,
+                             fingerprint_shuffle=True)
     return tft.apply_vocabulary(text, classes, default_value=-1)
 
 

@@ -166,3 +166,48 @@ def test_run_then_serve_prints_the_task_kinds_prediction(run, capsys):
         assert [pair.split("=")[0] for pair in probabilities.split()] == ["setosa", "versicolor", "virginica"]
     else:
         assert float(rest) > 0
+
+
+def test_the_shipped_tflite_and_tfjs_steps_answer_as_the_saved_model_does(run, tmp_path):
+    """What a user copies out of a version folder: TFLite with the shipped preprocessing.py (preprocess, then
+    postprocess), and TF.js with predict.mjs, give the SavedModel's outputs, class names included."""
+    import importlib.util
+    import subprocess
+
+    from components.exporter.convert import NODE_DIR
+    from components.exporter.runtimes import node_executable
+
+    config, summary, data = run
+    version = Path(summary.pushed_path)
+    rows = request_rows(config, data, 9)
+    saved_model = tf.saved_model.load(str(version)).signatures["serving_default"]
+    inputs = saved_model.structured_input_signature[1]
+    columns = {k: np.array([row[k] for row in rows]).astype(spec.dtype.as_numpy_dtype)
+               if spec.dtype != tf.string else np.array([row[k] for row in rows], dtype=object)
+               for k, spec in inputs.items()}
+    expected = {k: v.numpy() for k, v in saved_model(**{k: tf.constant(v) for k, v in columns.items()}).items()}
+
+    shipped = importlib.util.spec_from_file_location("shipped_preprocessing", version / "tflite" / "preprocessing.py")
+    module = importlib.util.module_from_spec(shipped)
+    shipped.loader.exec_module(module)
+    spec = module.load_spec(str(version / "tflite" / "preprocessing.json"))
+    interpreter = tf.lite.Interpreter(model_path=str(version / "tflite" / "model_float32.tflite"))
+    [raw_output] = interpreter.get_signature_runner("serving_default")(**module.preprocess(spec, columns)).values()
+    by_tflite = module.postprocess(spec, raw_output)
+
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({k: v.tolist() for k, v in columns.items()}))
+    answer = subprocess.run([node_executable(), str(NODE_DIR / "predict.mjs"), str(version / "tfjs"), str(request)],
+                            capture_output=True, text=True, timeout=300, check=True)
+    by_tfjs = json.loads(answer.stdout)
+
+    assert set(by_tflite) == set(expected) and set(by_tfjs) - {"latency_ms", "backend"} == set(expected)
+    numeric = "probabilities" if config.label.kind == "multiclass" else "value"
+    for outputs in (by_tflite, by_tfjs):
+        np.testing.assert_allclose(np.asarray(outputs[numeric], dtype=np.float64), expected[numeric], rtol=1e-4,
+                                   atol=1e-4)
+    if config.label.kind == "multiclass":
+        names = [name.decode() for name in expected["class"]]
+        assert list(by_tflite["class"]) == names and by_tfjs["class"] == names
+        assert by_tfjs["classes"] == [[c.decode() for c in row] for row in expected["classes"]]
+        assert by_tflite["classes"].tolist() == by_tfjs["classes"]

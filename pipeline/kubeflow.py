@@ -21,6 +21,7 @@ from typing import Any
 from components import artifacts
 from pipeline.config import PipelineConfig
 from pipeline.data import EMBEDDED_TAXI_DIR
+from pipeline.datasets import is_bundled
 
 # The Dockerfile's layout: the repository at WORKDIR, the locked environment in a virtualenv.
 IMAGE_PROJECT_ROOT = "/app"
@@ -65,6 +66,11 @@ def cluster_config(config: PipelineConfig, form: str) -> tuple[PipelineConfig, l
     if settings.data_path and not artifacts.is_uri(settings.data_path):
         raise KubeflowError(f"kubeflow.data_path {settings.data_path!r} is not a URI the cluster can read; give a "
                             "gs:// or s3:// folder of CSV files, or leave it empty for the sample in the image.")
+    if is_bundled(config.data.path) and not settings.data_path:
+        # The sample in the image is the taxi data; a bundled dataset is written by a local run, not in the cluster.
+        raise KubeflowError(f"data.path {config.data.path} is written on this machine at run time, where the "
+                            "cluster cannot read it; copy <output_root>/data/<name>/data.csv of a local run to a "
+                            "bucket and set kubeflow.data_path to that folder.")
     notes = []
     baseline = config.evaluation.baseline
     allowed = FORM_BASELINES[form]

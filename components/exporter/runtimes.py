@@ -49,14 +49,14 @@ class Runner:
 
     def predict_and_time(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
         """Outputs for all rows, then the milliseconds of each of the first `timed_rows` rows sent alone."""
-        probabilities = self.predict(columns)
+        outputs = self.predict(columns)
         times = []
         for i in range(min(timed_rows, _rows(columns))):
             one = _row(columns, i)
             start = time.perf_counter()
             self.predict(one)
             times.append((time.perf_counter() - start) * 1000)
-        return probabilities, times
+        return outputs, times
 
 
 class SavedModelRunner(Runner):

@@ -38,7 +38,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.transform import preprocessing_fn
-from pipeline.config import DistillConfig, OptimizeConfig, TrainingConfig, load_config, read_section
+from pipeline.config import DistillConfig, EvaluationConfig, OptimizeConfig, TrainingConfig, load_config, read_section
 
 NUMERIC = ["a_xf", "b_xf"]
 CARDINALITIES = {"c1_xf": 6, "c2_xf": 5}
@@ -211,6 +211,8 @@ CUSTOM_CONFIG = {
     "label": {"name": "label", "column": "t", "threshold": 0.0, "relative_to": "", "positive_value": ""},
     "transform": {"bucket_count": 10, "vocab_size": 100, "oov_buckets": 1},
     "training": dataclasses.asdict(training(hidden_units=[16, 8], seed=SEED)),
+    # The pruning gate watches evaluation.metric (auto: AUC for this binary label).
+    "evaluation": dataclasses.asdict(EvaluationConfig()),
 }
 RAW_SPEC = {
     "a": tf.io.FixedLenFeature([1], tf.float32),

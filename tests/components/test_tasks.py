@@ -269,3 +269,23 @@ def test_max_output_difference_is_relative_only_for_a_regression_value():
     outputs = np.array([0.5001, 200.02])
     assert max_output_difference("regression", outputs, reference) == pytest.approx(1e-4)
     assert max_output_difference("binary", outputs, reference) == pytest.approx(0.02)
+
+
+def test_regression_figures_of_constant_labels_and_of_weighted_rows():
+    # Every label the same: R² is undefined (NaN), RMSE and MAE are not.
+    constant = task_metrics("regression", np.array([1.0, 3.0]), np.array([2.0, 2.0]))
+    assert constant["rmse"] == 1.0 and constant["mae"] == 1.0 and np.isnan(constant["r2"])
+    stats = RegressionStats()
+    stats.add(2.0, 1.0)
+    stats.add(2.0, 3.0)
+    assert np.isnan(stats.metrics()["r2"]) and stats.metrics()["rmse"] == 1.0
+    # A row of weight 2 counts as that row twice.
+    weighted, repeated = RegressionStats(), RegressionStats()
+    for label, value, weight in [(1.0, 2.0, 2.0), (5.0, 4.0, 1.0), (9.0, 6.0, 1.0)]:
+        weighted.add(label, value, weight)
+        for _ in range(int(weight)):
+            repeated.add(label, value)
+    assert weighted.metrics() == pytest.approx(repeated.metrics())
+    assert all(np.isnan(v) for v in RegressionStats().metrics().values())
+    empty = MulticlassStats().metrics()
+    assert np.isnan(empty["accuracy"]) and empty["precision"] == [] and empty["recall"] == []

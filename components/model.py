@@ -8,6 +8,7 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 from absl import logging
@@ -19,11 +20,62 @@ from components.compat import skip_autograph_for_tf_keras
 from components.distributed.cluster import worker_role
 from components.features import FeatureLayout, transformed_name
 from components.specs import TRAINING_KEY
+from components.tasks import Task, task_from_transform
 from pipeline.config import TrainingConfig, read_section
 
 skip_autograph_for_tf_keras()
 
+# The output a binary model answers with; tasks.OUTPUT_NAMES has every kind's.
 SERVING_OUTPUT = "probabilities"
+BINARY = Task("binary")
+
+
+@tf.keras.utils.register_keras_serializable(package="mlops")
+class SparseMacroAUC(tf.keras.metrics.AUC):
+    """One-vs-rest AUC of each class, averaged, for integer labels and a softmax output: Keras' multi-label AUC over
+    the one-hot labels."""
+
+    def __init__(self, num_labels: int, name: str = "auc", **kwargs: Any):
+        kwargs.pop("multi_label", None)
+        super().__init__(name=name, multi_label=True, num_labels=num_labels, **kwargs)
+
+    def update_state(self, y_true: tf.Tensor, y_pred: tf.Tensor, sample_weight: tf.Tensor | None = None):
+        one_hot = tf.one_hot(tf.cast(tf.reshape(y_true, [-1]), tf.int32), self.num_labels)
+        return super().update_state(one_hot, y_pred, sample_weight)
+
+
+def output_layer(task: Task, x: tf.Tensor) -> tf.Tensor:
+    """The model's last layer per task kind, float32 under mixed precision so the output and the loss are stable:
+    a sigmoid probability, a softmax over the classes, or a z-score rescaled to the label's units."""
+    if task.kind == "multiclass":
+        return tf.keras.layers.Dense(task.units, activation="softmax", dtype="float32", name="output")(x)
+    if task.kind == "regression":
+        z = tf.keras.layers.Dense(1, dtype="float32", name="output")(x)
+        # Fixed constants from the Transform: the Dense layer learns z-scores, whatever the label's units.
+        return tf.keras.layers.Rescaling(task.label_std, offset=task.label_mean, dtype="float32",
+                                         name="label_scale")(z)
+    return tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="output")(x)
+
+
+def task_loss(task: Task) -> tf.keras.losses.Loss:
+    if task.kind == "multiclass":
+        return tf.keras.losses.SparseCategoricalCrossentropy()
+    if task.kind == "regression":
+        return tf.keras.losses.MeanSquaredError()
+    return tf.keras.losses.BinaryCrossentropy()
+
+
+def task_keras_metrics(task: Task) -> list[tf.keras.metrics.Metric]:
+    if task.kind == "multiclass":
+        return [SparseMacroAUC(task.units), tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    if task.kind == "regression":
+        return [tf.keras.metrics.RootMeanSquaredError(name="rmse"), tf.keras.metrics.MeanAbsoluteError(name="mae")]
+    return [tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryAccuracy(name="accuracy")]
+
+
+def training_objective(task: Task) -> tuple[str, str]:
+    """The validation figure early stopping and the Tuner follow: (Keras log name, "max" or "min")."""
+    return ("val_rmse", "min") if task.kind == "regression" else ("val_auc", "max")
 
 
 def save_keras_model(model: tf.keras.Model, model_uri: str) -> str:
@@ -75,8 +127,11 @@ def make_optimizer(training: TrainingConfig) -> tf.keras.optimizers.Optimizer:
     return tf.keras.optimizers.Adam(learning_rate=lr, **clip)
 
 
-def build_model(numeric: list[str], cardinalities: dict[str, int], training: TrainingConfig) -> tf.keras.Model:
-    """A compiled binary classifier over transformed features: embeddings for ids, an MLP on top."""
+def build_model(
+    numeric: list[str], cardinalities: dict[str, int], training: TrainingConfig, task: Task = BINARY
+) -> tf.keras.Model:
+    """A compiled model over transformed features for the task (a binary classifier by default): embeddings for
+    ids, an MLP on top, the task's output layer."""
     previous_policy = tf.keras.mixed_precision.global_policy()
     tf.keras.mixed_precision.set_global_policy(training.mixed_precision)
     try:
@@ -99,9 +154,7 @@ def build_model(numeric: list[str], cardinalities: dict[str, int], training: Tra
             x = tf.keras.layers.Activation(training.activation, name=f"activation_{i}")(x)
             if training.dropout:
                 x = tf.keras.layers.Dropout(training.dropout, name=f"dropout_{i}")(x)
-        # The output stays float32 under mixed precision so that the sigmoid and the loss are stable.
-        output = tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32", name="output")(x)
-        model = tf.keras.Model(inputs=inputs, outputs=output)
+        model = tf.keras.Model(inputs=inputs, outputs=output_layer(task, x))
     finally:
         tf.keras.mixed_precision.set_global_policy(previous_policy)
     optimizer = make_optimizer(training)
@@ -109,8 +162,8 @@ def build_model(numeric: list[str], cardinalities: dict[str, int], training: Tra
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     model.compile(
         optimizer=optimizer,
-        loss=tf.keras.losses.BinaryCrossentropy(),
-        metrics=[tf.keras.metrics.AUC(name="auc"), tf.keras.metrics.BinaryAccuracy(name="accuracy")],
+        loss=task_loss(task),
+        metrics=task_keras_metrics(task),
         jit_compile=training.jit_compile,
     )
     return model
@@ -145,17 +198,24 @@ def input_fn(
     return dataset.with_options(options)
 
 
-def class_weights(dataset: tf.data.Dataset) -> dict[int, float]:
-    """Weights that make both classes count equally, from one pass over the (features, label) dataset."""
-    total = positives = 0
+def class_weights(dataset: tf.data.Dataset, task: Task = BINARY) -> dict[int, float]:
+    """Weights that make every class count equally (total / (classes * rows of the class)), from one pass over
+    the (features, label) dataset of a binary or multiclass task."""
+    counts = np.zeros(task.units if task.kind == "multiclass" else 2, dtype=np.int64)
     for _, labels in dataset:
-        total += int(tf.size(labels))
-        positives += int(tf.reduce_sum(tf.cast(labels, tf.int64)))
-    negatives = total - positives
-    if positives == 0 or negatives == 0:
-        raise ValueError(f"the training split holds only one class ({positives} positives of {total}); "
+        ids = tf.reshape(tf.cast(labels, tf.int64), [-1]).numpy()
+        if ids.size and (ids.min() < 0 or ids.max() >= counts.size):
+            raise ValueError(f"the training split holds {int(np.sum((ids < 0) | (ids >= counts.size)))} rows without "
+                             "a known class (a missing label); make the schema require the label column.")
+        counts += np.bincount(ids, minlength=counts.size)
+    total = int(counts.sum())
+    if task.kind != "multiclass" and (counts == 0).any():
+        raise ValueError(f"the training split holds only one class ({counts[1]} positives of {total}); "
                          "check the label settings.")
-    return {0: total / (2.0 * negatives), 1: total / (2.0 * positives)}
+    if (counts == 0).any():
+        empty = [task.classes[i] for i in np.flatnonzero(counts == 0)]
+        raise ValueError(f"the training split holds no row of class(es) {', '.join(empty)}; check the label column.")
+    return {i: total / (counts.size * float(count)) for i, count in enumerate(counts)}
 
 
 def _raw_input_specs(tft_output: tft.TFTransformOutput, layout: FeatureLayout) -> dict[str, tf.TensorSpec]:
@@ -187,36 +247,58 @@ def raw_tensors_to_parsed(
     return parsed
 
 
+def model_output(task: Task, output: tf.Tensor) -> tf.Tensor:
+    """The Keras model's output as every format answers it: [rows] (binary, regression) or [rows, classes]."""
+    return tf.reshape(output, [-1, task.units] if task.kind == "multiclass" else [-1])
+
+
+def serving_outputs(task: Task, prediction: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The SavedModel's outputs from `prediction` (model_output): binary `probabilities` [rows]; multiclass
+    `probabilities` [rows, classes], the predicted `class` name [rows] and the `classes` names [rows, classes] that
+    the probabilities belong to; regression `value` [rows]."""
+    if task.kind != "multiclass":
+        return {task.output_name: prediction}
+    classes = tf.constant(list(task.classes))
+    return {
+        task.output_name: prediction,
+        "class": tf.gather(classes, tf.argmax(prediction, axis=1)),
+        "classes": tf.tile(classes[tf.newaxis, :], [tf.shape(prediction)[0], 1]),
+    }
+
+
 class ServingModule(tf.Module):
     """Holds the model and the Transform layer so that both are saved with the signatures."""
 
-    def __init__(self, model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout):
+    def __init__(self, model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout,
+                 task: Task = BINARY):
         super().__init__()
         self.model = model
         self.tft_layer = tft_output.transform_features_layer()
         self._tft_output = tft_output
         self._layout = layout
+        self._task = task
         self._input_names = list(model.input_names)
         self._label_columns = set(layout.label_columns)
 
     def _predict(self, parsed: dict[str, Any]) -> tf.Tensor:
         transformed = self.tft_layer(parsed)
         features = {name: transformed[name] for name in self._input_names}
-        return tf.reshape(self.model(features), [-1])
+        return model_output(self._task, self.model(features))
 
     def serving_default(self) -> tf.types.experimental.ConcreteFunction:
         @tf.function(input_signature=[_raw_input_specs(self._tft_output, self._layout)])
         def serve_raw(features):
-            return {SERVING_OUTPUT: self._predict(raw_tensors_to_parsed(features, self._tft_output))}
+            return serving_outputs(self._task, self._predict(raw_tensors_to_parsed(features, self._tft_output)))
 
         return serve_raw.get_concrete_function()
 
     def serving_examples(self) -> tf.types.experimental.ConcreteFunction:
+        """TFMA's signature: the numeric output alone (probabilities or value)."""
         raw_spec = {k: v for k, v in self._tft_output.raw_feature_spec().items() if k not in self._label_columns}
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
         def serve_examples(serialized):
-            return {SERVING_OUTPUT: self._predict(tf.io.parse_example(serialized, raw_spec))}
+            return {self._task.output_name: self._predict(tf.io.parse_example(serialized, raw_spec))}
 
         return serve_examples.get_concrete_function()
 
@@ -231,11 +313,12 @@ class ServingModule(tf.Module):
 
 
 def export_serving_model(
-    model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout, export_dir: str
+    model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout, export_dir: str,
+    task: Task = BINARY,
 ) -> None:
     """SavedModel with `serving_default` (raw named features), `serving_examples` (tf.Example, for TFMA)
     and `transform_features` (TFMA's preprocessing function)."""
-    module = ServingModule(model, tft_output, layout)
+    module = ServingModule(model, tft_output, layout, task)
     signatures = {
         "serving_default": module.serving_default(),
         "serving_examples": module.serving_examples(),
@@ -287,6 +370,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
     training = apply_hyperparameters(read_section(fn_args.custom_config, TRAINING_KEY, TrainingConfig),
                                      fn_args.hyperparameters)
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
+    task = task_from_transform(layout.label, tft_output)
     # TF_CONFIG is MultiWorkerMirroredStrategy's contract (set by the local launcher or the training operator),
     # the one environment variable module code reads; absent, this process is the only worker and the chief.
     role = worker_role(os.environ.get("TF_CONFIG"))
@@ -308,21 +392,24 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         fn_args.eval_files, fn_args.data_accessor, tft_output, layout.label_key, global_batch, seed=seed
     )
     weights = None
-    if training.class_weights:
+    if training.class_weights and task.kind != "regression":
         weights = class_weights(
-            input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, 1024, num_epochs=1)
+            input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, 1024, num_epochs=1),
+            task,
         )
         logging.info("class weights from the label distribution: %s", weights)
 
     with strategy.scope():
         model = build_model(
-            [transformed_name(k) for k in layout.numeric], categorical_cardinalities(layout, tft_output), training
+            [transformed_name(k) for k in layout.numeric], categorical_cardinalities(layout, tft_output), training,
+            task,
         )
     model.summary(print_fn=logging.info)
 
     scratch = None if role.is_chief else artifacts.scratch_dir(fn_args.model_run_dir, role.index)
     try:
         steps_per_epoch = min(training.steps_per_epoch, fn_args.train_steps)
+        monitor, mode = training_objective(task)
         epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
         callbacks = [
             ThroughputLogger(global_batch, steps_per_epoch),
@@ -330,7 +417,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
             # All workers use the same folder; tf_keras lets only the chief write into it.
             tf.keras.callbacks.BackupAndRestore(backup_dir=artifacts.backup_dir(fn_args.model_run_dir)),
             tf.keras.callbacks.EarlyStopping(
-                monitor="val_auc", mode="max", patience=training.early_stopping_patience, restore_best_weights=True
+                monitor=monitor, mode=mode, patience=training.early_stopping_patience, restore_best_weights=True
             ),
             tf.keras.callbacks.TensorBoard(
                 log_dir=fn_args.model_run_dir if scratch is None else artifacts.join(scratch, "tensorboard"),
@@ -348,7 +435,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
             verbose=2,
         )
         export_dir = fn_args.serving_model_dir if scratch is None else artifacts.join(scratch, "model")
-        export_serving_model(model, tft_output, layout, export_dir)
+        export_serving_model(model, tft_output, layout, export_dir, task)
         # serving_model_dir is <model artifact>/Format-Serving; the Keras model goes beside it. Like the SavedModel,
         # every worker saves it (collective ops), the others into their scratch folder.
         save_keras_model(model, artifacts.parent(fn_args.serving_model_dir) if scratch is None else scratch)

@@ -27,11 +27,13 @@ OPTIMIZE_KEY = "optimize"
 EXPORT_KEY = "export"
 # ExampleGen's custom_config: the cell values read as missing (data.missing_values).
 MISSING_VALUES_KEY = "missing_values"
+EVALUATION_KEY = "evaluation"
 # A hash of components/ (pipeline.pipeline.code_fingerprint): TFX's cache keys on properties, not on source code.
 CODE_FINGERPRINT_KEY = "code_fingerprint"
 
 # The sections each piece of module code and each custom component reads.
 FEATURE_SECTIONS = (DATA_KEY, LABEL_KEY, TRANSFORM_KEY)
 TRAINER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, TUNER_KEY)
-OPTIMIZER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, OPTIMIZE_KEY)
-EXPORTER_SECTIONS = (*FEATURE_SECTIONS, EXPORT_KEY)
+# The Optimizer's and the Exporter's gates watch the metric that blesses the model (evaluation.metric).
+OPTIMIZER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, OPTIMIZE_KEY, EVALUATION_KEY)
+EXPORTER_SECTIONS = (*FEATURE_SECTIONS, EXPORT_KEY, EVALUATION_KEY)

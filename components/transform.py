@@ -11,6 +11,10 @@ from pipeline.config import LabelConfig
 
 # The vocabulary file holding every analyzer result that is not a vocabulary itself (see record_constants).
 CONSTANTS_VOCABULARY = "transform_constants"
+# A multiclass label's classes, in the order of the label ids and the model's probabilities.
+CLASSES_VOCABULARY = "label_classes"
+# The entry of the recorded constants holding a regression label's mean and standard deviation.
+LABEL_CONSTANTS = "__label__"
 
 
 def _dense_and_present(x: tf.Tensor | tf.SparseTensor, default: Any) -> tuple[tf.Tensor, tf.Tensor]:
@@ -53,6 +57,10 @@ def _as_string(x: tf.Tensor | tf.SparseTensor) -> tf.Tensor | tf.SparseTensor:
 
 def compute_label(inputs: dict[str, Any], label: LabelConfig) -> tf.Tensor:
     """The binary label as int64 [batch]: column > threshold * relative_to, or column == positive_value."""
+    if label.kind == "multiclass":
+        return class_ids(inputs[label.column])
+    if label.kind == "regression":
+        return regression_label(inputs[label.column])
     if label.positive_value:
         column, present = _dense_and_present(_as_string(inputs[label.column]), "")
         return tf.cast(tf.logical_and(present, tf.equal(column, label.positive_value)), tf.int64)
@@ -63,6 +71,32 @@ def compute_label(inputs: dict[str, Any], label: LabelConfig) -> tf.Tensor:
         present = tf.logical_and(present, base_present)
         threshold = threshold * base
     return tf.cast(tf.logical_and(present, column > threshold), tf.int64)
+
+
+def class_ids(column: tf.Tensor | tf.SparseTensor) -> tf.Tensor:
+    """A multiclass label as int64 class ids [batch]: the classes are a vocabulary of the column's values (its text
+    for an integer column), ordered by their fingerprint, so the order depends only on which classes there are,
+    not on how often each occurs. A missing value or a class the training split lacks gets -1."""
+    text, present = _dense_and_present(_as_string(column), "")
+    # A missing label is no class: the Trainer refuses such rows instead of learning an empty class name.
+    classes = tft.vocabulary(tf.boolean_mask(text, present), vocab_filename=CLASSES_VOCABULARY,
+                             fingerprint_shuffle=True)
+    return tft.apply_vocabulary(text, classes, default_value=-1)
+
+
+def regression_label(column: tf.Tensor | tf.SparseTensor) -> tf.Tensor:
+    """A regression label as float32 [batch] (NaN where missing: the schema should require the column)."""
+    values, _ = _dense_and_present(_as_float(column), float("nan"))
+    return values
+
+
+def label_constants(label: LabelConfig, values: tf.Tensor) -> dict[str, tf.Tensor]:
+    """What the model needs to know about the label beyond its values: a regression label's mean and standard
+    deviation over the training split (the model predicts z-scores and rescales them)."""
+    if label.kind != "regression":
+        return {}
+    present = tf.boolean_mask(values, tf.logical_not(tf.math.is_nan(values)))
+    return {LABEL_CONSTANTS: tf.stack([tft.mean(present), tf.sqrt(tft.var(present))])}
 
 
 def record_constants(constants: dict[str, tf.Tensor], like: tf.Tensor) -> None:
@@ -91,7 +125,8 @@ def bucket_ids(x: tf.Tensor, boundaries: tf.Tensor) -> tf.Tensor:
 
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, tf.Tensor]:
     """Numeric: missing -> mean, then z-score. Coordinates: quantile buckets plus one bucket for missing.
-    Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here."""
+    Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here, per
+    label.kind (0/1, a class id, or the number)."""
     layout = FeatureLayout.from_properties(custom_config)
     options = layout.transform
     outputs, constants = {}, {}
@@ -123,6 +158,23 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
             filled, top_k=options.vocab_size, num_oov_buckets=options.oov_buckets, vocab_filename=key
         )
     outputs[layout.label_key] = compute_label(inputs, layout.label)
+    constants.update(label_constants(layout.label, outputs[layout.label_key]))
     if constants:
         record_constants(constants, outputs[layout.label_key])
     return outputs
+
+
+def read_constants(tft_output: tft.TFTransformOutput) -> dict[str, list[float]]:
+    """The analyzer results record_constants wrote into a Transform output, by feature name."""
+    import base64
+
+    try:
+        (token,) = tft_output.vocabulary_by_name(CONSTANTS_VOCABULARY)
+    except (ValueError, OSError):
+        raise ValueError("the Transform output holds no transform_constants file: it was made by an older "
+                         "preprocessing_fn; run the pipeline again with --set enable_cache=false.") from None
+    recorded = {}
+    for pair in token.split(b","):
+        name, value = (base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)) for part in pair.split(b"="))
+        recorded[name.decode("utf-8")] = tf.io.parse_tensor(value, tf.float32).numpy().reshape(-1).tolist()
+    return recorded

@@ -1,4 +1,5 @@
-"""The Tuner component's `tuner_fn`: KerasTuner random or Bayesian search over width, depth and learning rate."""
+"""The Tuner component's `tuner_fn`: KerasTuner random or Bayesian search over width, depth and learning rate,
+judged by the task's validation figure (AUC, or RMSE for a regression)."""
 from __future__ import annotations
 
 import keras_tuner
@@ -7,8 +8,15 @@ import tensorflow_transform as tft
 from tfx import v1 as tfx
 
 from components.features import FeatureLayout, transformed_name
-from components.model import apply_hyperparameters, build_model, categorical_cardinalities, input_fn
+from components.model import (
+    apply_hyperparameters,
+    build_model,
+    categorical_cardinalities,
+    input_fn,
+    training_objective,
+)
 from components.specs import TRAINING_KEY, TUNER_KEY
+from components.tasks import task_from_transform
 from pipeline.config import TrainingConfig, TunerConfig, read_section
 
 
@@ -28,16 +36,18 @@ def tuner_fn(fn_args: tfx.components.FnArgs) -> tfx.components.TunerFnResult:
     tft_output = tft.TFTransformOutput(fn_args.transform_graph_path)
     numeric = [transformed_name(k) for k in layout.numeric]
     cardinalities = categorical_cardinalities(layout, tft_output)
+    task = task_from_transform(layout.label, tft_output)
+    objective, direction = training_objective(task)
 
     tf.keras.utils.set_random_seed(training.seed)
 
     def build(hp: keras_tuner.HyperParameters):
-        return build_model(numeric, cardinalities, apply_hyperparameters(training, hp.get_config()))
+        return build_model(numeric, cardinalities, apply_hyperparameters(training, hp.get_config()), task)
 
     common = dict(
         hypermodel=build,
         hyperparameters=search_space(),
-        objective=keras_tuner.Objective("val_auc", "max"),
+        objective=keras_tuner.Objective(objective, direction),
         max_trials=settings.max_trials,
         directory=fn_args.working_dir,
         project_name="search",

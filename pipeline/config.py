@@ -38,17 +38,18 @@ class DataConfig:
 
 @dataclass
 class LabelConfig:
-    # Name of the binary label the pipeline computes; never a raw column a request must carry.
+    # What the model predicts: binary (one probability), multiclass (a probability per class of the label column,
+    # the classes taken from the data) or regression (the label column's number).
+    kind: Literal["binary", "multiclass", "regression"] = "binary"
+    # Name of the label the pipeline computes; never a raw column a request must carry.
     name: str = "label"
     # Raw column the label is computed from; it is dropped from the features and from serving.
     column: str = ""
-    # label = column > threshold * relative_to (or > threshold when relative_to is empty) ...
+    # binary only: label = column > threshold * relative_to (or > threshold when relative_to is empty) ...
     threshold: float = 0.5
     relative_to: str = ""
     # ... or, when set, label = (column == positive_value) for a string column.
     positive_value: str = ""
-    # The task: a yes/no label, one of N classes, or a number.
-    kind: Literal["binary", "multiclass", "regression"] = "binary"
 
 
 @dataclass
@@ -142,18 +143,41 @@ class TunerConfig:
 
 
 BASELINES = ("previous_blessed", "latest_blessed", "none")
+TASK_KINDS = ("binary", "multiclass", "regression")
+# The metrics each task kind can be judged on, and whether a higher value is better. The first is the kind's
+# default (evaluation.metric: auto).
+TASK_METRICS: dict[str, dict[str, bool]] = {
+    "binary": {"auc": True, "accuracy": True},
+    "multiclass": {"macro_auc": True, "accuracy": True, "log_loss": False},
+    "regression": {"rmse": False, "mae": False, "r2": True},
+}
+
+
+def task_metric(kind: str, metric: str = "auto") -> str:
+    """The metric that judges a model of this task kind: `metric`, or the kind's default when it is "auto"."""
+    return next(iter(TASK_METRICS[kind])) if metric == "auto" else metric
+
+
+def higher_is_better(kind: str, metric: str = "auto") -> bool:
+    return TASK_METRICS[kind][task_metric(kind, metric)]
 
 
 @dataclass
 class EvaluationConfig:
     slice_feature: str = ""
-    # The candidate is blessed only when its eval AUC is at least this ...
-    min_auc: float = 0.6
-    # ... and no more than this below the baseline model's AUC.
-    max_auc_drop: float = 0.01
+    # The metric that blesses a model, also the one the Optimizer's and the Exporter's gates watch. auto: auc
+    # (binary), macro_auc (multiclass, one-vs-rest) or rmse (regression); TASK_METRICS lists the others.
+    metric: str = "auto"
+    # The candidate is blessed only when its metric is at least lower_bound and at most upper_bound (null: no
+    # bound) ...
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+    # ... and at most this much worse than the baseline model's, in the metric's units: lower for a metric where
+    # higher is better (AUC, accuracy, R²), higher for an error (RMSE, MAE, log loss).
+    max_degradation: float = 0.01
     # The baseline: previous_blessed, the newest blessed model other than the candidate (a cached re-run compares
     # with what the first run compared with); latest_blessed, TFX's LatestBlessedModelStrategy, the only form
-    # Vertex AI Pipelines runs; none, no comparison (min_auc only), as open-source KFP v2 runs no resolver.
+    # Vertex AI Pipelines runs; none, no comparison (the bounds only), as open-source KFP v2 runs no resolver.
     baseline: Literal["previous_blessed", "latest_blessed", "none"] = "previous_blessed"
 
 
@@ -178,8 +202,9 @@ class OptimizeConfig:
     fine_tune_steps: int = 400
     learning_rate: float = 0.0005
     batch_size: int = 128
-    # The pruned model fails the Optimizer when its eval AUC is more than this below the unpruned model's.
-    max_auc_drop: float = 0.01
+    # The pruned model fails the Optimizer when its eval metric (evaluation.metric) is more than this worse than
+    # the unpruned model's, in the metric's units.
+    max_degradation: float = 0.01
     distill: DistillConfig = field(default_factory=DistillConfig)
 
 
@@ -191,10 +216,12 @@ TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8")
 class ExportConfig:
     formats: list[str] = field(default_factory=lambda: list(EXPORT_FORMATS))
     tflite_variants: list[str] = field(default_factory=lambda: list(TFLITE_VARIANTS))
-    # Float formats (ONNX, TF.js, TFLite float32) must match the SavedModel's probabilities this closely ...
+    # Float formats (ONNX, TF.js, TFLite float32) must match every output of the SavedModel this closely (for a
+    # regression model relative to the value's size: |difference| / max(1, |value|)) ...
     max_abs_diff: float = 1e-4
-    # ... and the quantized TFLite variants (dynamic, float16, int8) may lose at most this much eval AUC.
-    max_quantized_auc_drop: float = 0.01
+    # ... and the quantized TFLite variants (dynamic, float16, int8) may be at most this much worse on the eval
+    # metric (evaluation.metric), in the metric's units.
+    max_quantized_degradation: float = 0.01
     # Most eval rows every artifact runs on (all when the eval split is smaller), and how many of them are timed
     # one row at a time for latency.
     eval_rows: int = 2000
@@ -488,12 +515,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}' must be {_type_name(tp)}, got {value!r}.")
 
 
+# Keys a newer version renamed: a config that still uses one is told the new name.
+RENAMED_KEYS = {
+    "evaluation.min_auc": "evaluation.lower_bound (with evaluation.metric: auc)",
+    "evaluation.max_auc_drop": "evaluation.max_degradation",
+    "optimize.max_auc_drop": "optimize.max_degradation",
+    "export.max_quantized_auc_drop": "export.max_quantized_degradation",
+}
+
+
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in values.items():
         full = f"{prefix}{key}"
+        if full in RENAMED_KEYS:
+            raise ConfigError(f"config key '{full}' is now {RENAMED_KEYS[full]}; rename it.")
         if key not in names:
             raise ConfigError(
                 f"unknown config key '{full}'; valid keys here are: {', '.join(prefix + n for n in names)}."
@@ -565,6 +603,7 @@ def _validate(config: PipelineConfig) -> None:
         seen.add(name)
     if config.evaluation.slice_feature and config.evaluation.slice_feature not in config.features:
         raise ConfigError(f"evaluation.slice_feature '{config.evaluation.slice_feature}' is not a feature.")
+    _validate_task(config.label, config.evaluation)
     for key in ("train_steps", "eval_steps", "steps_per_epoch", "batch_size"):
         if getattr(config.training, key) < 1:
             raise ConfigError(f"training.{key} must be at least 1.")
@@ -580,6 +619,25 @@ def _validate(config: PipelineConfig) -> None:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):
         raise ConfigError(f"schema file {config.schema_path} does not exist; fix schema_path.")
+
+
+def _validate_task(label: LabelConfig, evaluation: EvaluationConfig) -> None:
+    if label.kind != "binary":
+        for key in ("relative_to", "positive_value"):
+            if getattr(label, key):
+                raise ConfigError(f"label.{key} defines a binary label, but label.kind is {label.kind}; remove it or "
+                                  "set label.kind=binary.")
+    metrics = TASK_METRICS[label.kind]
+    if evaluation.metric != "auto" and evaluation.metric not in metrics:
+        raise ConfigError(f"evaluation.metric '{evaluation.metric}' does not judge a {label.kind} model; choose auto, "
+                          f"{', '.join(metrics)}.")
+    lower, upper = evaluation.lower_bound, evaluation.upper_bound
+    if evaluation.baseline == "none" and lower is None and upper is None:
+        raise ConfigError("evaluation.baseline is none and no bound is set, so nothing could bless a model; set "
+                          "evaluation.lower_bound or evaluation.upper_bound.")
+    if lower is not None and upper is not None and lower > upper:
+        raise ConfigError(f"evaluation.lower_bound ({lower}) is above evaluation.upper_bound ({upper}), so no model "
+                          "could be blessed; swap or remove one.")
 
 
 def _validate_optimize_and_export(config: PipelineConfig) -> None:

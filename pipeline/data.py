@@ -16,8 +16,16 @@ class DataError(ValueError):
     """The data folder or a CSV in it cannot be used; the message names the path and what to do."""
 
 
-def resolve_data_dir(path: str) -> Path:
-    """The configured folder, or the Chicago taxi sample that ships inside the tfx wheel when empty."""
+def resolve_data_dir(path: str, output_root: str = "outputs") -> Path:
+    """The configured folder, the Chicago taxi sample that ships inside the tfx wheel when empty, or a dataset
+    bundled with scikit-learn (sklearn:iris, sklearn:diabetes) written as a CSV below `output_root`."""
+    from pipeline import datasets
+
+    if datasets.is_bundled(path):
+        try:
+            return datasets.write_bundled(path, output_root)
+        except datasets.UnknownDatasetError as e:
+            raise DataError(str(e)) from None
     return Path(path) if path else EMBEDDED_TAXI_DIR
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from components import artifacts
 from pipeline.config import PipelineConfig
 from pipeline.data import EMBEDDED_TAXI_DIR
+from pipeline.datasets import is_bundled
 
 # The Dockerfile's layout: the repository at WORKDIR, the locked environment in a virtualenv.
 IMAGE_PROJECT_ROOT = "/app"
@@ -70,15 +71,23 @@ def cluster_config(config: PipelineConfig, form: str) -> tuple[PipelineConfig, l
     if settings.data_path and not artifacts.is_uri(settings.data_path):
         raise KubeflowError(f"kubeflow.data_path {settings.data_path!r} is not a URI the cluster can read; give a "
                             "gs:// or s3:// folder of CSV files, or leave it empty for the sample in the image.")
+    if is_bundled(config.data.path) and not settings.data_path:
+        # The sample in the image is the taxi data; a bundled dataset is written by a local run, not in the cluster.
+        raise KubeflowError(f"data.path {config.data.path} is written on this machine at run time, where the "
+                            "cluster cannot read it; copy <output_root>/data/<name>/data.csv of a local run to a "
+                            "bucket and set kubeflow.data_path to that folder.")
     notes = []
     baseline = config.evaluation.baseline
     allowed = FORM_BASELINES[form]
     if baseline != "none" and baseline != allowed:
         notes.append(f"evaluation.baseline {baseline} -> {allowed}: " + (
             "open-source Kubeflow Pipelines runs no resolver node, so the Evaluator compares with no baseline "
-            "(evaluation.min_auc only)" if form == ".yaml" else
+            "(evaluation.lower_bound and upper_bound only)" if form == ".yaml" else
             "Vertex AI Pipelines runs only TFX's LatestBlessedModelStrategy"))
         baseline = allowed
+    if baseline == "none" and config.evaluation.lower_bound is None and config.evaluation.upper_bound is None:
+        raise KubeflowError("this form compiles without a baseline model, and no evaluation.lower_bound or "
+                            "evaluation.upper_bound is set, so nothing could bless a model; set one.")
     data = dataclasses.replace(config.data, path=settings.data_path or embedded_sample_in_image())
     evaluation = dataclasses.replace(config.evaluation, baseline=baseline)
     cluster = dataclasses.replace(config, output_root=settings.output_root, artifact_root="", data=data,

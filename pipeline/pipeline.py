@@ -30,7 +30,7 @@ from components.specs import (
     TRAINER_SECTIONS,
 )
 from pipeline.beam import beam_pipeline_args
-from pipeline.config import PipelineConfig
+from pipeline.config import EvaluationConfig, PipelineConfig, higher_is_better, task_metric
 from pipeline.data import resolve_data_dir
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
@@ -49,19 +49,68 @@ OPTIMIZER_NODE = "Optimizer"
 EVALUATOR_NODE = "Evaluator"
 
 
+# Per task kind: each metric of TASK_METRICS as TFMA computes it (class name, module, TFMA's key of the figure).
+EVALUATOR_METRICS = "components.evaluator_metrics"
+TFMA_METRICS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "binary": {"auc": ("AUC", "", "auc"), "accuracy": ("BinaryAccuracy", "", "binary_accuracy")},
+    "multiclass": {name: ("MulticlassMetric", EVALUATOR_METRICS, name) for name in ("macro_auc", "accuracy",
+                                                                                   "log_loss")},
+    "regression": {name: ("RegressionMetric", EVALUATOR_METRICS, name) for name in ("rmse", "mae", "r2")},
+}
+# Figures a person reads beside those, per kind.
+EXTRA_METRICS: dict[str, list[tuple[str, str, str]]] = {
+    "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration")],
+    "multiclass": [("MulticlassMetric", EVALUATOR_METRICS, "precision"),
+                   ("MulticlassMetric", EVALUATOR_METRICS, "recall")],
+    "regression": [],
+}
+
+
+def blessing_threshold(evaluation: EvaluationConfig, kind: str, with_baseline: bool) -> tfma.MetricThreshold:
+    """The threshold that blesses a model on evaluation.metric: within lower_bound and upper_bound, and (with a
+    baseline) at most max_degradation worse than the baseline, whichever way the metric improves."""
+    threshold = tfma.MetricThreshold()
+    bounds = {}
+    if evaluation.lower_bound is not None:
+        bounds["lower_bound"] = {"value": evaluation.lower_bound}
+    if evaluation.upper_bound is not None:
+        bounds["upper_bound"] = {"value": evaluation.upper_bound}
+    if bounds:
+        threshold.value_threshold.CopyFrom(tfma.GenericValueThreshold(**bounds))
+    if with_baseline:
+        # Ignored on the first run, when no blessed baseline exists yet. TFMA compares candidate - baseline.
+        if higher_is_better(kind, evaluation.metric):
+            change = tfma.GenericChangeThreshold(direction=tfma.MetricDirection.HIGHER_IS_BETTER,
+                                                 absolute={"value": -evaluation.max_degradation})
+        else:
+            change = tfma.GenericChangeThreshold(direction=tfma.MetricDirection.LOWER_IS_BETTER,
+                                                 absolute={"value": evaluation.max_degradation})
+        threshold.change_threshold.CopyFrom(change)
+    return threshold
+
+
 def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
-    """TFMA: the metrics a person reads, overall and per slice, and the two thresholds that bless a model."""
-    auc_threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.evaluation.min_auc}))
-    if config.evaluation.baseline != "none":
-        # Ignored on the first run, when no blessed baseline exists yet.
-        auc_threshold.change_threshold.CopyFrom(tfma.GenericChangeThreshold(
-            direction=tfma.MetricDirection.HIGHER_IS_BETTER,
-            absolute={"value": -config.evaluation.max_auc_drop},
-        ))
+    """TFMA: the metrics a person reads for the task kind, overall and per slice, and the thresholds on
+    evaluation.metric that bless a model."""
+    kind = config.label.kind
+    evaluation = config.evaluation
+    blessing = task_metric(kind, evaluation.metric)
+    threshold = blessing_threshold(evaluation, kind, evaluation.baseline != "none")
+    metrics = [tfma.MetricConfig(class_name="ExampleCount")]
+    for name, (class_name, module, key) in TFMA_METRICS[kind].items():
+        metric = tfma.MetricConfig(class_name=class_name, module=module,
+                                   config=json.dumps({"name": key}) if module else "")
+        if name == blessing and threshold.ListFields():
+            # Judged on all eval rows; small slices (a rare payment type) can hold one class only.
+            metric.per_slice_thresholds.append(
+                tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=threshold))
+        metrics.append(metric)
+    for class_name, module, key in EXTRA_METRICS[kind]:
+        metrics.append(tfma.MetricConfig(class_name=class_name, module=module,
+                                         config=json.dumps({"name": key}) if module else ""))
     slicing = [tfma.SlicingSpec()]
-    if config.evaluation.slice_feature:
-        slicing.append(tfma.SlicingSpec(feature_keys=[config.evaluation.slice_feature]))
+    if evaluation.slice_feature:
+        slicing.append(tfma.SlicingSpec(feature_keys=[evaluation.slice_feature]))
     return tfma.EvalConfig(
         model_specs=[
             tfma.ModelSpec(
@@ -71,24 +120,7 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
             )
         ],
         slicing_specs=slicing,
-        metrics_specs=[
-            tfma.MetricsSpec(
-                metrics=[
-                    tfma.MetricConfig(class_name="ExampleCount"),
-                    tfma.MetricConfig(
-                        class_name="AUC",
-                        # Judged on all eval rows; small slices (a rare payment type) can hold one class only.
-                        per_slice_thresholds=[
-                            tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=auc_threshold)
-                        ],
-                    ),
-                    tfma.MetricConfig(class_name="BinaryAccuracy"),
-                    tfma.MetricConfig(class_name="Precision"),
-                    tfma.MetricConfig(class_name="Recall"),
-                    tfma.MetricConfig(class_name="Calibration"),
-                ]
-            )
-        ],
+        metrics_specs=[tfma.MetricsSpec(metrics=metrics)],
     )
 
 
@@ -152,8 +184,11 @@ def schema_file(config: PipelineConfig, deployment: Deployment) -> str:
 
 
 def data_root(config: PipelineConfig) -> str:
-    """The CSV folder ExampleGen reads: a URI as given, a local folder made absolute, or the embedded sample."""
-    return config.data.path if artifacts.is_uri(config.data.path) else str(resolve_data_dir(config.data.path))
+    """The CSV folder ExampleGen reads: a URI as given, a local folder, the embedded sample, or a bundled dataset
+    written below output_root."""
+    if artifacts.is_uri(config.data.path):
+        return config.data.path
+    return str(resolve_data_dir(config.data.path, config.output_root))
 
 
 def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:

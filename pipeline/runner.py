@@ -78,7 +78,7 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool 
         # ExampleGen reads it through Beam; a bad file fails that stage with its name.
         source = f"CSV files from {config.data.path}"
     else:
-        data_dir = resolve_data_dir(config.data.path)
+        data_dir = resolve_data_dir(config.data.path, config.output_root)
         files = check_csv_folder(data_dir)
         source = f"{len(files)} CSV file(s) from {data_dir}"
     check_config(config, files)
@@ -120,22 +120,42 @@ def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool 
     return summary
 
 
+# The Evaluator's figures the summary prints, for every task kind (each only where the run has it).
+SUMMARY_METRICS = ("auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc", "accuracy",
+                   "log_loss", "rmse", "mae", "r2", "example_count")
+
+
+def _per_class_lines(metrics: dict[str, float], classes: list[str]) -> list[str]:
+    """'precision  setosa 1.0000, versicolor 0.9000' from the figures TFMA keeps per class id."""
+    lines = []
+    for name in ("precision", "recall"):
+        values = {int(key.rsplit(":", 1)[1]): value for key, value in metrics.items()
+                  if key.startswith(f"{name}/classId:")}
+        if values:
+            named = ", ".join(f"{classes[i] if i < len(classes) else i} {v:.4f}" for i, v in sorted(values.items()))
+            lines.append(f"  eval {name:<18} {named}")
+    return lines
+
+
 def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: TextIO) -> None:
     m = summary.metrics
     print("\nsummary", file=out)
     print(f"  run           {summary.run_id} in {summary.elapsed_seconds:.1f}s", file=out)
-    for name in ("auc", "binary_accuracy", "precision", "recall", "calibration", "example_count"):
+    for name in SUMMARY_METRICS:
         if name in m:
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
+    for line in _per_class_lines(m, (summary.export.get("task") or {}).get("classes", [])):
+        print(line, file=out)
     pruned = summary.optimization.get("pruned")
+    metric = summary.optimization.get("metric", "auc")
     if pruned:
         before = summary.optimization[pruned["pruned_from"]]
         sparsity = ", ".join(f"{k} {v:.3f}" for k, v in pruned["kernel_sparsity"].items())
-        print(f"  pruned        AUC {before['auc']:.4f} -> {pruned['auc']:.4f}, gzip {before['gzip_bytes']} -> "
-              f"{pruned['gzip_bytes']} bytes, sparsity {sparsity}", file=out)
+        print(f"  pruned        {metric} {before[metric]:.4f} -> {pruned[metric]:.4f}, gzip {before['gzip_bytes']} "
+              f"-> {pruned['gzip_bytes']} bytes, sparsity {sparsity}", file=out)
     if "distilled" in summary.optimization:
         student, teacher = summary.optimization["distilled"], summary.optimization["input"]
-        print(f"  distilled     AUC {teacher['auc']:.4f} -> {student['auc']:.4f}, parameters "
+        print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
               f"{teacher['parameters']} -> {student['parameters']}", file=out)
     print(f"  blessed       {summary.blessed}", file=out)
     if summary.export:

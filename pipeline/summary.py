@@ -34,12 +34,13 @@ class RunSummary:
 
 
 def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """{output: {sub key: {name: value}}} as {name: value}; a figure per class as "precision/classId:0"."""
     flat = {}
-    for sub_key in metrics.values():
-        for name_to_value in sub_key.values():
+    for sub_keys in metrics.values():
+        for sub_key, name_to_value in sub_keys.items():
             for name, value in name_to_value.items():
                 if "doubleValue" in value:
-                    flat[name] = float(value["doubleValue"])
+                    flat[f"{name}/{sub_key}" if sub_key else name] = float(value["doubleValue"])
     return flat
 
 

@@ -216,7 +216,7 @@ def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from serving.client import ServingError, connect
+    from serving.client import ServingError, connect, format_prediction
 
     try:
         rows = read_rows(args.json_rows, args.csv)
@@ -224,7 +224,7 @@ def predict_command(args: argparse.Namespace) -> int:
         return _usage_error(str(e))
     try:
         with connect(rest=args.rest, grpc=args.grpc) as client:
-            probabilities = client.predict(
+            predictions = client.predict_outputs(
                 rows, args.model, version=args.version, label=args.label, timeout=args.timeout,
                 signature_name=args.signature_name, drop_unknown_features=args.drop_unknown_features,
             )
@@ -233,8 +233,9 @@ def predict_command(args: argparse.Namespace) -> int:
     except ServingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    for probability in probabilities:
-        print(f"{probability:.6f}")
+    # One line per row: the probability (binary), the value (regression), or the class and each class's probability.
+    for outputs in predictions:
+        print(format_prediction(outputs))
     return 0
 
 

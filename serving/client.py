@@ -2,6 +2,7 @@
 
     with connect(rest="http://127.0.0.1:8501") as client:        # or connect(grpc="127.0.0.1:8500")
         client.predict({"fare": 12.5, "company": ""}, model="taxi", label="canary")  # -> [0.37]
+        client.predict_outputs(rows, model="iris")   # -> [{"class": "setosa", "probabilities": [...], ...}]
 
 Rows are raw feature dicts. The client asks the server for the signature's inputs and converts each value to
 the declared dtype; None, "" and NaN become the model's missing markers (NaN, -1, "").
@@ -268,6 +269,46 @@ class ServingClient(ABC):
         rows = [rows] if isinstance(rows, Mapping) else list(rows)
         if not rows:
             return []
+        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features)
+        if output_name in outputs:
+            values = outputs[output_name]
+        elif len(outputs) == 1:
+            values = next(iter(outputs.values()))
+        else:
+            raise ServingError(
+                f"{_describe(model, version, label)} returned outputs {sorted(outputs)}, not {output_name!r}; "
+                "pass output_name.",
+            )
+        values = np.asarray(values, dtype=np.float64).reshape(len(rows), -1)
+        if values.shape[1] != 1:
+            raise ServingError(f"Output {output_name!r} has {values.shape[1]} values per row; expected one "
+                               "(a multiclass model: use predict_outputs).")
+        return [float(v) for v in values[:, 0]]
+
+    def predict_outputs(
+        self,
+        rows: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+        model: str,
+        version: int | None = None,
+        label: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        signature_name: str = "serving_default",
+        drop_unknown_features: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Every output for one raw feature dict or many, one dict per row: a number, a string, or a list of them
+        per output (a multiclass model: `probabilities` and `classes` lists, the predicted `class`)."""
+        _check_choice(version, label)
+        rows = [rows] if isinstance(rows, Mapping) else list(rows)
+        if not rows:
+            return []
+        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features)
+        per_row = {name: _rows_of(np.asarray(values), len(rows), name) for name, values in outputs.items()}
+        return [{name: values[i] for name, values in per_row.items()} for i in range(len(rows))]
+
+    def _outputs(
+        self, rows: list[Mapping[str, Any]], model: str, version: int | None, label: str | None, timeout: float,
+        signature_name: str, drop_unknown_features: bool,
+    ) -> dict[str, np.ndarray]:
         key = (model, version, label)
         with self._cache_lock:
             was_cached = key in self._metadata_cache
@@ -280,7 +321,7 @@ class ServingClient(ABC):
             )
 
         try:
-            outputs = attempt()
+            return attempt()
         except InvalidInputError:
             if version is not None or not was_cached:
                 raise
@@ -288,20 +329,7 @@ class ServingClient(ABC):
             # since it was cached: ask again once.
             with self._cache_lock:
                 self._metadata_cache.pop(key, None)
-            outputs = attempt()
-        if output_name in outputs:
-            values = outputs[output_name]
-        elif len(outputs) == 1:
-            values = next(iter(outputs.values()))
-        else:
-            raise ServingError(
-                f"{_describe(model, version, label)} returned outputs {sorted(outputs)}, not {output_name!r}; "
-                "pass output_name.",
-            )
-        values = np.asarray(values, dtype=np.float64).reshape(len(rows), -1)
-        if values.shape[1] != 1:
-            raise ServingError(f"Output {output_name!r} has {values.shape[1]} values per row; expected one.")
-        return [float(v) for v in values[:, 0]]
+            return attempt()
 
     def metadata(
         self, model: str, version: int | None = None, label: str | None = None, timeout: float = DEFAULT_TIMEOUT_S
@@ -369,6 +397,50 @@ class ServingClient(ABC):
 
     @abstractmethod
     def _status(self, model: str, version: int | None, label: str | None, timeout: float) -> list[VersionStatus]: ...
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _rows_of(values: np.ndarray, rows: int, name: str) -> list[Any]:
+    """One plain value (a number, a string, or a list of them) per row of an output; batch first."""
+    if values.ndim == 0 or values.shape[0] != rows:
+        raise ServingError(f"Output {name!r} has shape {list(values.shape)}; expected {rows} rows first.")
+    if values.ndim == 1:
+        return [_plain(v) for v in values]
+    return [[_plain(v) for v in row.reshape(-1)] for row in values]
+
+
+def numeric_values(outputs: Mapping[str, Any]) -> list[float]:
+    """Every number of one row's outputs (the probabilities, or the value), flattened in output-name order."""
+    found: list[float] = []
+    for name in sorted(outputs):
+        values = outputs[name] if isinstance(outputs[name], list) else [outputs[name]]
+        found.extend(float(v) for v in values if isinstance(v, numbers.Real))
+    return found
+
+
+def format_prediction(outputs: Mapping[str, Any]) -> str:
+    """One row's outputs as a line: the probability (binary), the value (regression), or the predicted class then
+    every class's probability (multiclass)."""
+    if "class" in outputs and "classes" in outputs and "probabilities" in outputs:
+        pairs = " ".join(f"{name}={float(p):.6f}" for name, p in zip(outputs["classes"], outputs["probabilities"],
+                                                                      strict=True))
+        return f"{outputs['class']}  {pairs}"
+    parts = []
+    for name in sorted(outputs):
+        value = outputs[name]
+        if isinstance(value, list):
+            value = " ".join(f"{v:.6f}" if isinstance(v, float) else str(v) for v in value)
+        elif isinstance(value, float):
+            value = f"{value:.6f}"
+        parts.append(str(value) if len(outputs) == 1 else f"{name}={value}")
+    return "  ".join(parts)
 
 
 def _check_choice(version: int | None, label: str | None) -> None:

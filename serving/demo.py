@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from serving.client import GrpcClient, RestClient
+from serving.client import GrpcClient, RestClient, format_prediction
 from serving.model_repository import ModelRepository, validate_model_name
 
 STABLE_LABEL = "stable"
@@ -36,10 +36,10 @@ def serve_and_predict(serving_base_dir: str, model_name: str, row: Mapping[str, 
         if latest != stable:
             print(f"version {latest} is published but not serving yet: mlops rollout start --version {latest}")
         with RestClient(server.rest_url) as rest, GrpcClient(server.grpc_target) as grpc:
-            rest_probability = rest.predict(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
-            grpc_probability = grpc.predict(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
-        print(f"REST prediction: {rest_probability:.6f}")
-        print(f"gRPC prediction: {grpc_probability:.6f}")
+            by_rest = rest.predict_outputs(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
+            by_grpc = grpc.predict_outputs(row, model_name, label=STABLE_LABEL, drop_unknown_features=True)[0]
+        print(f"REST prediction: {format_prediction(by_rest)}")
+        print(f"gRPC prediction: {format_prediction(by_grpc)}")
     finally:
         server.stop()
         print("server stopped")

@@ -290,7 +290,11 @@ def array_to_json(name: str, value: np.ndarray) -> Any:
     return value.tolist()
 
 
-def _map_leaves(value: np.ndarray, fn) -> Any:
+def _map_leaves(value: Any, fn) -> Any:
+    """`fn` applied to every element of an array of any rank, as nested lists (an object array's elements are
+    plain bytes, not arrays)."""
+    if not isinstance(value, np.ndarray):
+        return fn(value)
     if value.ndim == 0:
         return fn(value.item())
     return [_map_leaves(item, fn) for item in value]

@@ -78,7 +78,7 @@ def test_pushed_version_holds_four_verified_formats(first_and_second_run):
     for name in ("tflite/float32", "onnx", "tfjs"):
         assert artifacts[name]["max_abs_diff"] <= 1e-4, name
     for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
-        assert artifacts[name]["auc"] >= report["reference"]["auc"] - config.export.max_quantized_auc_drop, name
+        assert artifacts[name]["auc"] >= report["reference"]["auc"] - config.export.max_quantized_degradation, name
 
 
 def test_evaluated_and_pushed_model_is_the_pruned_one(first_and_second_run):
@@ -87,7 +87,7 @@ def test_evaluated_and_pushed_model_is_the_pruned_one(first_and_second_run):
     assert first.optimization["stages"] == ["prune"]
     for layer, sparsity in pruned["kernel_sparsity"].items():
         assert abs(sparsity - config.optimize.target_sparsity) <= 0.01, layer
-    assert pruned["auc_drop"] <= config.optimize.max_auc_drop
+    assert pruned["degradation"] <= config.optimize.max_degradation
     assert pruned["gzip_bytes"] < first.optimization["input"]["gzip_bytes"]
     kernels = [v.numpy() for v in tf.saved_model.load(first.pushed_path).model.variables if "dense" in v.name
                and "kernel" in v.name]
@@ -149,11 +149,11 @@ def test_export_gate_failure_pushes_nothing(first_and_second_run, capsys):
     report = json.loads((Path(first.pushed_path) / "export_report.json").read_text())
     int8_drop = next(row["check"]["value"] for row in report["artifacts"] if row["artifact"] == "tflite/int8")
     overrides = small_overrides(Path(config.data.path), Path(config.output_root), *TUNER,
-                                f"export.max_quantized_auc_drop={int8_drop - 1e-4}")
+                                f"export.max_quantized_degradation={int8_drop - 1e-4}")
     assert cli.main(["run", *as_cli_flags(overrides)]) == 1
     err = capsys.readouterr().err
     assert "Exporter failed" in err and "nothing is pushed" in err
-    assert "tflite/int8: auc_drop" in err and "(export.max_quantized_auc_drop)" in err
+    assert "tflite/int8: auc_degradation" in err and "(export.max_quantized_degradation)" in err
     assert os.listdir(config.serving_dir) == [Path(first.pushed_path).name]
 
 

@@ -25,7 +25,7 @@ def test_the_pipeline_runs_with_its_root_on_gcs(taxi_slice, tmp_path):
         taxi_slice, output_root,
         f"artifact_root=gs://{BUCKET}/pipelines",
         # Few steps and formats: this test is about where every byte goes, not about the model.
-        "training.train_steps=40", "optimize.fine_tune_steps=20", "evaluation.min_auc=0.0",
+        "training.train_steps=40", "optimize.fine_tune_steps=20", "evaluation.lower_bound=0.0",
         "transform.statistics=false", "export.formats=[saved_model,tflite,onnx]", "export.tflite_variants=[float32]",
     )
     with GcsEmulator() as gcs:

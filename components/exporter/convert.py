@@ -22,7 +22,8 @@ import tensorflow as tf
 from absl import logging
 
 from components import artifacts
-from components.model import SERVING_OUTPUT
+from components.model import model_output
+from components.tasks import Task
 
 NODE_DIR = Path(__file__).parent / "node"
 # What each exported folder holds beside the model, so that it can be copied out and used alone.
@@ -40,12 +41,20 @@ def core_input_specs(spec: dict[str, Any]) -> list[tf.TensorSpec]:
     return specs
 
 
+def core_task(spec: dict[str, Any]) -> Task:
+    described = spec.get("task") or {"kind": "binary"}
+    return Task(described["kind"], classes=tuple(described.get("classes", ())))
+
+
 class CoreModule(tf.Module):
-    """The Keras model over transformed features with a signature every converter reads."""
+    """The Keras model over transformed features with a signature every converter reads. Its one output is the
+    model's numeric output (tasks.OUTPUT_NAMES): probabilities [rows] or [rows, classes], or values [rows]; the
+    class names of a multiclass model travel in preprocessing.json, and the shipped postprocess step applies them."""
 
     def __init__(self, model: tf.keras.Model, spec: dict[str, Any]):
         super().__init__()
         self.model = model
+        self._task = core_task(spec)
         self._names = [s.name for s in core_input_specs(spec)]
         self.serve = tf.function(self._serve, input_signature=core_input_specs(spec))
 
@@ -54,7 +63,7 @@ class CoreModule(tf.Module):
         for name, tensor in zip(self._names, tensors, strict=True):
             dtype = self.model.get_layer(name).dtype if name in self.model.input_names else tensor.dtype
             features[name] = tf.cast(tensor, dtype) if tensor.dtype != dtype else tensor
-        return {SERVING_OUTPUT: tf.reshape(self.model(features), [-1])}
+        return {self._task.output_name: model_output(self._task, self.model(features))}
 
 
 def save_core_model(model: tf.keras.Model, spec: dict[str, Any], export_dir: str) -> CoreModule:

@@ -16,6 +16,7 @@ from components.exporter.preprocessing import build_spec
 from components.features import FeatureLayout
 from components.model import load_keras_model
 from components.specs import (
+    EVALUATION_KEY,
     EXAMPLES_KEY,
     EXPORT_KEY,
     EXPORTED_MODEL_KEY,
@@ -23,7 +24,7 @@ from components.specs import (
     MODEL_KEY,
     TRANSFORM_GRAPH_KEY,
 )
-from pipeline.config import ExportConfig, read_section
+from pipeline.config import EvaluationConfig, ExportConfig, read_section
 
 
 class Executor(base_executor.BaseExecutor):
@@ -65,6 +66,7 @@ class Executor(base_executor.BaseExecutor):
             artifacts.serving_model_dir(output_uri),
             options,
             optimization,
+            read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
         )
         for line in report.table_lines(result):
             logging.info("%s", line)

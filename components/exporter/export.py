@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from absl import logging
-from sklearn.metrics import roc_auc_score
 
 from components import artifacts
 from components.exporter import convert, report
 from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
-from pipeline.config import ExportConfig
+from components.tasks import Task, degradation_gate, describe_figures, max_output_difference, task_metrics
+from pipeline.config import ExportConfig, task_metric
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 
@@ -40,7 +40,8 @@ class ExportGateError(RuntimeError):
 
 @dataclass
 class EvalData:
-    """Raw eval rows in the request form, their labels, and raw training rows for int8 calibration."""
+    """Raw eval rows in the request form, their labels (0/1, class ids or numbers, as the Transform computes
+    them), and raw training rows for int8 calibration."""
     columns: dict[str, np.ndarray]
     labels: np.ndarray
     representative: dict[str, np.ndarray]
@@ -57,9 +58,13 @@ def _model_size(name: str, path: Path) -> int:
     return sum(f.stat().st_size for f in files if f.is_file())
 
 
-def _metrics(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    auc = float(roc_auc_score(labels, probabilities)) if len(set(labels.tolist())) > 1 else float("nan")
-    return {"auc": auc, "accuracy": float(np.mean((probabilities >= 0.5) == (labels == 1)))}
+def _metrics(outputs: np.ndarray, labels: np.ndarray, kind: str = "binary") -> dict[str, float]:
+    return task_metrics(kind, outputs, labels)
+
+
+def spec_task(spec: dict[str, Any]) -> Task:
+    """The task a preprocessing spec describes (a binary one for a spec written before task kinds)."""
+    return convert.core_task(spec)
 
 
 def _representative(spec: dict[str, Any], columns: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
@@ -81,7 +86,8 @@ def export_formats(
     out = Path(output_dir)
     formats, variants = options.formats, options.tflite_variants
     convert.export_saved_model(serving_model_dir, output_dir)
-    built: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir))}
+    output_name = spec_task(spec).output_name
+    built: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir, output_name))}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = os.path.join(tmp, SPEC_FILE)
         save_spec(spec, spec_path)
@@ -111,53 +117,62 @@ def export_formats(
             folder = out / artifacts.FORMAT_DIRS["tfjs"]
             convert.export_tfjs(core_dir, str(folder))
             convert.ship_preprocessing(spec_path, str(folder), "javascript")
-            built["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR))
+            built["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR, output_name))
             logging.info("TF.js graph model: %d bytes", _model_size("tfjs", folder))
     return built
 
 
 def check_artifact(
-    name: str, probabilities: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: ExportConfig
+    name: str, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: ExportConfig,
+    kind: str = "binary", metric: str = "auto",
 ) -> dict[str, Any]:
-    """The gate on one artifact: its figures against the SavedModel's `reference` probabilities on the same rows.
+    """The gate on one artifact: its figures against the SavedModel's `reference` outputs on the same rows
+    (probabilities [rows] or [rows, classes], or regression values [rows]).
 
-    Float formats (FLOAT_ARTIFACTS) must give every probability within export.max_abs_diff of the SavedModel's;
-    quantized TFLite variants may lose at most export.max_quantized_auc_drop of eval AUC (a gain always passes).
+    Float formats (FLOAT_ARTIFACTS) must give every output within export.max_abs_diff of the SavedModel's
+    (tasks.max_output_difference); quantized TFLite variants may be at most export.max_quantized_degradation worse on
+    the task's eval `metric` (an improvement always passes).
     """
-    metrics = _metrics(probabilities, labels)
-    diff = float(np.max(np.abs(probabilities - reference)))
+    metric = task_metric(kind, metric)
+    metrics = _metrics(outputs, labels, kind)
+    diff = max_output_difference(kind, outputs, reference)
     if name in FLOAT_ARTIFACTS:
         check = {"figure": "max_abs_diff", "value": diff, "threshold": options.max_abs_diff,
                  "config_key": "export.max_abs_diff", "passed": diff <= options.max_abs_diff}
     else:
-        drop = _metrics(reference, labels)["auc"] - metrics["auc"]
-        check = {"figure": "auc_drop", "value": drop, "threshold": options.max_quantized_auc_drop,
-                 "config_key": "export.max_quantized_auc_drop", "passed": drop <= options.max_quantized_auc_drop}
+        worse, passed = degradation_gate(kind, metric, _metrics(reference, labels, kind)[metric], metrics[metric],
+                                         options.max_quantized_degradation)
+        check = {"figure": f"{metric}_degradation", "value": worse, "threshold": options.max_quantized_degradation,
+                 "config_key": "export.max_quantized_degradation", "passed": passed}
     return {"max_abs_diff": diff, **metrics, "check": check}
 
 
 def verify(
-    built: dict[str, tuple[Path, Runner]], data: EvalData, options: ExportConfig, root: Path | None = None
+    built: dict[str, tuple[Path, Runner]], data: EvalData, options: ExportConfig, root: Path | None = None,
+    task: Task | None = None, metric: str = "auto",
 ) -> dict[str, Any]:
     """Runs every artifact on the eval rows against the SavedModel; returns the report, `passed` included.
-    Each row's `path` is relative to `root` (the version folder) when given."""
+    Each row's `path` is relative to `root` (the version folder) when given. `task` (binary by default) says what
+    the outputs are, `metric` (evaluation.metric) what the quantized variants are judged by."""
+    task = task or Task()
+    metric = task_metric(task.kind, metric)
     reference = built["saved_model"][1].predict(data.columns)
-    reference_metrics = _metrics(reference, data.labels)
+    reference_metrics = _metrics(reference, data.labels, task.kind)
     rows = []
     for name, (path, runner) in built.items():
         started = time.perf_counter()
-        probabilities, latency = runner.predict_and_time(data.columns, options.latency_rows)
-        figures = check_artifact(name, probabilities, reference, data.labels, options)
+        outputs, latency = runner.predict_and_time(data.columns, options.latency_rows)
+        figures = check_artifact(name, outputs, reference, data.labels, options, task.kind, metric)
         check = figures.pop("check")
         relative = path.relative_to(root) if root is not None else path
         rows.append({
             "artifact": name, "path": str(relative), "size_bytes": _model_size(name, path), **figures,
             "latency_ms_p50": float(np.median(latency)), "check": check,
         })
-        logging.info("verified %s in %.1fs: max |diff| %.2e, AUC %.4f, p50 %.3f ms", name,
-                     time.perf_counter() - started, figures["max_abs_diff"], figures["auc"],
-                     rows[-1]["latency_ms_p50"])
+        logging.info("verified %s in %.1fs: max |diff| %.2e, %s, p50 %.3f ms", name, time.perf_counter() - started,
+                     figures["max_abs_diff"], describe_figures(figures, task.kind), rows[-1]["latency_ms_p50"])
     return {
+        "task": {**task.describe(), "metric": metric},
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **reference_metrics},
         "artifacts": rows,
@@ -183,13 +198,15 @@ def export_and_verify(
     output_dir: str,
     options: ExportConfig,
     optimization: dict[str, Any] | None = None,
+    metric: str = "auto",
 ) -> dict[str, Any]:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
-    beside them. Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
+    beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants.
+    Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
-        result = verify(built, data, options, root=Path(staging))
+        result = verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric)
         result["optimization"] = optimization or {}
         result["seconds"] = round(time.perf_counter() - started, 1)
         report.write(result, staging)

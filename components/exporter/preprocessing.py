@@ -6,11 +6,11 @@ constants the Transform analyzers computed. `build_spec` reads them from the Tra
 needs only NumPy, so this file is shipped beside the TFLite and ONNX artifacts as it is.
 
 A request is one array per raw feature; a missing value is NaN (or None) for floats, '' for strings and -1 for
-integers, as for the SavedModel.
+integers, as for the SavedModel. `postprocess` turns the converted model's output back into what the SavedModel
+answers: for a multiclass model the class names (the spec's `task.classes`) beside the probabilities.
 """
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,20 +32,12 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
     import tensorflow_transform as tft
 
     from components.features import transformed_name
-    from components.transform import CONSTANTS_VOCABULARY
+    from components.tasks import task_from_transform
+    from components.transform import read_constants
 
     tft_output = tft.TFTransformOutput(transform_output_dir)
     raw_spec = tft_output.raw_feature_spec()
-
-    try:
-        (token,) = tft_output.vocabulary_by_name(CONSTANTS_VOCABULARY)
-    except (ValueError, OSError):
-        raise ValueError("the Transform output holds no transform_constants file: it was made by an older "
-                         "preprocessing_fn; run the pipeline again with --set enable_cache=false.") from None
-    recorded = {}
-    for pair in token.split(b","):
-        name, value = (base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4)) for part in pair.split(b"="))
-        recorded[name.decode("utf-8")] = tf.io.parse_tensor(value, tf.float32).numpy().reshape(-1).tolist()
+    recorded = read_constants(tft_output)
 
     def constants(key: str) -> list[float]:
         return [float(v) for v in recorded[key]]
@@ -69,7 +61,8 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
         vocabulary = [v.decode("utf-8") for v in tft_output.vocabulary_by_name(key)]
         features.append({"name": key, "kind": "vocab", **raw_type(key), "vocabulary": vocabulary,
                          "oov_id": len(vocabulary)})
-    return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features}
+    return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features,
+            "task": task_from_transform(layout.label, tft_output).describe()}
 
 
 def save_spec(spec: dict[str, Any], path: str) -> None:
@@ -146,3 +139,17 @@ def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> di
             out = np.array([index.get(token, oov) for token in _as_text(values, feature)], dtype=np.int32)
         outputs[feature["name"] + spec["output_suffix"]] = out.reshape(-1, 1)
     return outputs
+
+
+def postprocess(spec: dict[str, Any], output: Any) -> dict[str, np.ndarray]:
+    """What the SavedModel's serving_default answers, from the converted model's output: a binary model's
+    `probabilities` [rows]; a multiclass model's `probabilities` [rows, classes], the predicted `class` name [rows]
+    and the `classes` names [rows, classes]; a regression model's `value` [rows]."""
+    task = spec.get("task") or {"kind": "binary", "output": "probabilities"}
+    values = np.asarray(output, dtype=np.float32)
+    if task["kind"] != "multiclass":
+        return {task["output"]: values.reshape(-1)}
+    classes = np.array(task["classes"], dtype=object)
+    probabilities = values.reshape(-1, len(classes))
+    return {task["output"]: probabilities, "class": classes[np.argmax(probabilities, axis=1)],
+            "classes": np.tile(classes, (len(probabilities), 1))}

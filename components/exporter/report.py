@@ -1,4 +1,5 @@
-"""export_report.json and export_report.html: size, agreement, AUC and latency of every exported format."""
+"""export_report.json and export_report.html: size, agreement, the task's metrics and latency of every exported
+format."""
 from __future__ import annotations
 
 import base64
@@ -8,18 +9,30 @@ import json
 from typing import Any
 
 from components import artifacts
+from pipeline.config import TASK_METRICS
+
+# Column headings of the task's metrics.
+HEADINGS = {"auc": "AUC", "macro_auc": "macro AUC", "log_loss": "log loss", "rmse": "RMSE", "mae": "MAE", "r2": "R²"}
+
+
+def metric_names(result: dict[str, Any]) -> list[str]:
+    """The metrics the report's task is judged by (AUC and accuracy for a report without a task: a binary one)."""
+    return list(TASK_METRICS[(result.get("task") or {}).get("kind", "binary")])
 
 
 def table_lines(result: dict[str, Any]) -> list[str]:
     """The report as a plain-text table, for logs and the run summary."""
-    lines = [f"{'artifact':<16}{'size KiB':>10}{'max |diff|':>12}{'AUC':>8}{'accuracy':>10}{'p50 ms':>9}  check"]
+    names = metric_names(result)
+    headings = "".join(f"{HEADINGS.get(name, name):>10}" for name in names)
+    lines = [f"{'artifact':<16}{'size KiB':>10}{'max |diff|':>12}{headings}{'p50 ms':>9}  check"]
     for row in result["artifacts"]:
         check = row["check"]
         verdict = "ok" if check["passed"] else "FAILED"
+        figures = "".join(f"{row[name]:>10.4f}" for name in names)
         lines.append(
-            f"{row['artifact']:<16}{row['size_bytes'] / 1024:>10.1f}{row['max_abs_diff']:>12.2e}{row['auc']:>8.4f}"
-            f"{row['accuracy']:>10.4f}{row['latency_ms_p50']:>9.3f}  {check['figure']} {check['value']:.2e} <= "
-            f"{check['threshold']:g} {verdict}"
+            f"{row['artifact']:<16}{row['size_bytes'] / 1024:>10.1f}{row['max_abs_diff']:>12.2e}{figures}"
+            f"{row['latency_ms_p50']:>9.3f}  {check['figure']} {check['value']:.2e} <= {check['threshold']:g} "
+            f"{verdict}"
         )
     return lines
 
@@ -50,15 +63,18 @@ def _chart(result: dict[str, Any]) -> str:
 
 
 def _html(result: dict[str, Any]) -> str:
-    head = ("<tr><th>artifact</th><th>size KiB</th><th>max |diff| vs SavedModel</th><th>AUC</th><th>accuracy</th>"
-            "<th>p50 latency ms</th><th>check</th></tr>")
+    names = metric_names(result)
+    head = ("<tr><th>artifact</th><th>size KiB</th><th>max |diff| vs SavedModel</th>"
+            + "".join(f"<th>{html.escape(HEADINGS.get(name, name))}</th>" for name in names)
+            + "<th>p50 latency ms</th><th>check</th></tr>")
     body = []
     for row in result["artifacts"]:
         check = row["check"]
         style = "" if check["passed"] else ' style="background:#fdd"'
+        figures = "".join(f"<td>{row[name]:.4f}</td>" for name in names)
         body.append(
             f"<tr{style}><td>{html.escape(row['artifact'])}</td><td>{row['size_bytes'] / 1024:.1f}</td>"
-            f"<td>{row['max_abs_diff']:.2e}</td><td>{row['auc']:.4f}</td><td>{row['accuracy']:.4f}</td>"
+            f"<td>{row['max_abs_diff']:.2e}</td>{figures}"
             f"<td>{row['latency_ms_p50']:.3f}</td><td>{check['figure']} {check['value']:.2e} &le; "
             f"{check['threshold']:g} ({check['config_key']}): {'passed' if check['passed'] else 'FAILED'}</td></tr>"
         )
@@ -66,12 +82,16 @@ def _html(result: dict[str, Any]) -> str:
     opt_html = f"<h2>Optimization</h2><pre>{html.escape(json.dumps(optimization, indent=1))}</pre>" if optimization \
         else ""
     verdict = "all formats agree with the SavedModel" if result["passed"] else "FAILED: nothing is pushed"
+    task = result.get("task") or {"kind": "binary"}
+    reference = ", ".join(f"{HEADINGS.get(name, name)} {result['reference'][name]:.4f}" for name in names)
+    classes = f" Classes, in the order of the probabilities: {html.escape(', '.join(task['classes']))}." \
+        if task.get("classes") else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Export report</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{text-align:left}}</style></head>
 <body><h1>Export report: {verdict}</h1>
-<p>{result['eval_rows']} eval rows; SavedModel AUC {result['reference']['auc']:.4f}, accuracy
-{result['reference']['accuracy']:.4f}. Every format received the same raw rows.</p>
+<p>{html.escape(task['kind'])} model, {result['eval_rows']} eval rows; SavedModel {reference}. Every format
+received the same raw rows.{classes}</p>
 <table>{head}{''.join(body)}</table>
 <img alt="size and latency per format" src="data:image/png;base64,{_chart(result)}">
 {opt_html}</body></html>"""

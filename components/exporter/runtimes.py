@@ -1,7 +1,8 @@
 """Each exported format run in its own runtime on raw rows: TensorFlow, tf.lite.Interpreter, onnxruntime, Node.js.
 
 Every runner takes the same request (one array per raw feature, as the SavedModel's serving_default) and returns
-one probability per row; `predict_and_time` also times rows sent one at a time, preprocessing included.
+the model's numeric output: one probability or value per row ([rows]), or a probability per class ([rows, classes]);
+`predict_and_time` also times rows sent one at a time, preprocessing included.
 """
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ from components.model import SERVING_OUTPUT
 Columns = dict[str, np.ndarray]
 
 
+def as_rows(values: Any, rows: int) -> np.ndarray:
+    """An output as [rows] (one number per row) or [rows, classes], whatever shape the runtime gave it."""
+    values = np.asarray(values).reshape(rows, -1)
+    return values.reshape(-1) if values.shape[1] == 1 else values
+
+
+def spec_output(spec: dict[str, Any]) -> str:
+    """The output name of the converted model a preprocessing spec belongs to."""
+    return (spec.get("task") or {}).get("output", SERVING_OUTPUT)
+
+
 def _row(columns: Columns, i: int) -> Columns:
     return {k: v[i : i + 1] for k, v in columns.items()}
 
@@ -36,30 +48,31 @@ class Runner:
         raise NotImplementedError
 
     def predict_and_time(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
-        """Probabilities for all rows, then the milliseconds of each of the first `timed_rows` rows sent alone."""
-        probabilities = self.predict(columns)
+        """Outputs for all rows, then the milliseconds of each of the first `timed_rows` rows sent alone."""
+        outputs = self.predict(columns)
         times = []
         for i in range(min(timed_rows, _rows(columns))):
             one = _row(columns, i)
             start = time.perf_counter()
             self.predict(one)
             times.append((time.perf_counter() - start) * 1000)
-        return probabilities, times
+        return outputs, times
 
 
 class SavedModelRunner(Runner):
     """The SavedModel's serving_default, Transform graph included, in TensorFlow."""
 
-    def __init__(self, export_dir: str):
+    def __init__(self, export_dir: str, output_name: str = SERVING_OUTPUT):
         import tensorflow as tf
 
         self._tf = tf
         self._fn = tf.saved_model.load(export_dir).signatures["serving_default"]
         self._dtypes = {k: s.dtype for k, s in self._fn.structured_input_signature[1].items()}
+        self._output = output_name
 
     def predict(self, columns: Columns) -> np.ndarray:
         tensors = {k: self._tf.constant(columns[k], dtype) for k, dtype in self._dtypes.items()}
-        return self._fn(**tensors)[SERVING_OUTPUT].numpy().reshape(-1)
+        return as_rows(self._fn(**tensors)[self._output].numpy(), _rows(columns))
 
 
 class TFLiteRunner(Runner):
@@ -71,7 +84,7 @@ class TFLiteRunner(Runner):
         self._runner = self._interpreter.get_signature_runner("serving_default")
 
     def predict(self, columns: Columns) -> np.ndarray:
-        return self._runner(**preprocess(self._spec, columns))[SERVING_OUTPUT].reshape(-1)
+        return as_rows(self._runner(**preprocess(self._spec, columns))[spec_output(self._spec)], _rows(columns))
 
 
 class OnnxRunner(Runner):
@@ -87,7 +100,7 @@ class OnnxRunner(Runner):
     def predict(self, columns: Columns) -> np.ndarray:
         features = preprocess(self._spec, columns)
         feeds = {onnx_name: features[name] for name, onnx_name in self._inputs.items()}
-        return self._session.run(None, feeds)[0].reshape(-1)
+        return as_rows(self._session.run(None, feeds)[0], _rows(columns))
 
 
 def node_executable() -> str:
@@ -102,10 +115,11 @@ class TfjsRunner(Runner):
     """Node.js with @tensorflow/tfjs (installed by `make setup` from components/exporter/node/package-lock.json),
     one process per call."""
 
-    def __init__(self, export_dir: str, node_dir: Path):
+    def __init__(self, export_dir: str, node_dir: Path, output_name: str = SERVING_OUTPUT):
         if not (node_dir / "node_modules" / "@tensorflow" / "tfjs").is_dir():
             raise RuntimeError(f"@tensorflow/tfjs is not installed in {node_dir}; run `make setup`.")
         self._dir = export_dir
+        self._output = output_name
         # The repository's copy of the script shipped in export_dir: it finds @tensorflow/tfjs beside it.
         self._script = node_dir / "predict.mjs"
 
@@ -121,7 +135,7 @@ class TfjsRunner(Runner):
             if result.returncode != 0:
                 raise RuntimeError(f"Node.js could not run the TF.js model: {result.stderr.strip()[-2000:]}")
             data = json.loads(output.read_text())
-        return np.array(data["probabilities"], dtype=np.float32), list(data["latency_ms"])
+        return as_rows(np.array(data[self._output], dtype=np.float32), _rows(columns)), list(data["latency_ms"])
 
     def predict(self, columns: Columns) -> np.ndarray:
         return self.predict_and_time(columns, 0)[0]

@@ -19,9 +19,11 @@ from components.model import (
     export_serving_model,
     load_keras_model,
     save_keras_model,
+    task_loss,
 )
 from components.optimizer.optimize import OptimizationGateError, optimize
 from components.specs import (
+    EVALUATION_KEY,
     EXAMPLES_KEY,
     MODEL_KEY,
     OPTIMIZE_KEY,
@@ -29,7 +31,8 @@ from components.specs import (
     TRAINING_KEY,
     TRANSFORM_GRAPH_KEY,
 )
-from pipeline.config import OptimizeConfig, TrainingConfig, read_section
+from components.tasks import task_from_transform
+from pipeline.config import EvaluationConfig, OptimizeConfig, TrainingConfig, read_section
 
 # Rows shuffled together when reading the training split; the split is re-read (and reshuffled) as it repeats.
 SHUFFLE_BUFFER = 10_000
@@ -78,11 +81,14 @@ def run_optimizer(
     layout: FeatureLayout,
     training: TrainingConfig,
     options: OptimizeConfig,
+    metric: str = "auto",
 ) -> dict[str, Any]:
     """Optimizes the Keras model of the Model artifact at `model_uri` and writes a full Model artifact to
-    `output_uri`; returns the report also written there (artifacts.OPTIMIZATION_REPORT_FILE)."""
+    `output_uri`; returns the report also written there (artifacts.OPTIMIZATION_REPORT_FILE). `metric` is
+    evaluation.metric, the one the pruning gate watches."""
     seed = training.seed
     tft_output = tft.TFTransformOutput(transform_graph_uri)
+    task = task_from_transform(layout.label, tft_output)
     model = load_keras_model(model_uri)
     feature_spec = tft_output.transformed_feature_spec()
     input_names = list(model.input_names)
@@ -92,19 +98,20 @@ def run_optimizer(
                                    repeat=repeat, seed=seed)
 
     weights = None
-    if training.class_weights and (options.prune or options.distill.enabled):
+    if training.class_weights and task.kind != "regression" and (options.prune or options.distill.enabled):
         # The Trainer balanced the classes; fine-tuning without the same weights would shift the scores.
-        weights = class_weights(dataset(train_uri, repeat=False))
+        weights = class_weights(dataset(train_uri, repeat=False), task)
         logging.info("optimizer: class weights %s", weights)
 
     def build_student() -> tf.keras.Model:
         student_training = dataclasses.replace(training, hidden_units=list(options.distill.hidden_units))
         return build_model([transformed_name(k) for k in layout.numeric],
-                           categorical_cardinalities(layout, tft_output), student_training)
+                           categorical_cardinalities(layout, tft_output), student_training, task)
 
     try:
         result = optimize(model, dataset(train_uri, repeat=True), dataset(eval_uri, repeat=False), options,
-                          build_student, seed=seed, class_weight=weights)
+                          build_student, seed=seed, class_weight=weights, kind=task.kind, metric=metric,
+                          loss=task_loss(task))
     except OptimizationGateError as e:
         # The run stops here; the figures stay where the message's reader can look them up.
         _write_report(output_uri, e.report)
@@ -118,7 +125,7 @@ def run_optimizer(
         logging.info("optimizer: copied %s to %s unchanged", model_uri, output_uri)
     else:
         serving_dir = artifacts.serving_model_dir(output_uri)
-        export_serving_model(result.model, tft_output, layout, serving_dir)
+        export_serving_model(result.model, tft_output, layout, serving_dir, task)
         keras_path = save_keras_model(result.model, output_uri)
         logging.info("optimizer: wrote %s and %s (stages: %s)", serving_dir, keras_path,
                      ", ".join(result.report["stages"]))
@@ -138,4 +145,5 @@ class Executor(base_executor.BaseExecutor):
             layout=FeatureLayout.from_properties(exec_properties),
             training=read_section(exec_properties, TRAINING_KEY, TrainingConfig),
             options=read_section(exec_properties, OPTIMIZE_KEY, OptimizeConfig),
+            metric=read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
         )

@@ -1,5 +1,6 @@
 """Model optimization behind the Optimizer component: distillation into a smaller student, magnitude pruning of
-the Dense kernels, and the figures (AUC, sparsity, compressed size) that show what each stage cost and saved.
+the Dense kernels, and the figures (the task's metrics, sparsity, compressed size) that show what each stage cost
+and saved. Every task kind: binary, multiclass and regression models (components/tasks.py).
 
 Plain functions over Keras models and tf.data datasets of (transformed features dict, label) batches; the
 component's executor is the only caller that knows about artifacts.
@@ -18,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 from absl import logging
-from sklearn.metrics import roc_auc_score
 
-from pipeline.config import OptimizeConfig
+from components.tasks import describe_figures, task_metrics
+from pipeline.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric
 
 # Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
 _PROB_EPSILON = 1e-7
@@ -29,7 +30,7 @@ _RAMP_FRACTION = 0.7
 
 
 class OptimizationGateError(ValueError):
-    """Pruning cost more eval AUC than optimize.max_auc_drop allows; `report` holds every figure measured."""
+    """Pruning worsened the eval metric more than optimize.max_degradation allows; `report` holds every figure."""
 
     def __init__(self, message: str, report: dict[str, Any]):
         super().__init__(message)
@@ -64,32 +65,40 @@ def nonzero_parameters(model: tf.keras.Model) -> int:
     return int(sum(np.count_nonzero(w) for w in model.get_weights()))
 
 
-def evaluate(model: tf.keras.Model, dataset: tf.data.Dataset, steps: int | None = None) -> dict[str, float]:
-    """Eval AUC and accuracy (threshold 0.5) over every row of `dataset`, or of its first `steps` batches.
+def evaluate(
+    model: tf.keras.Model, dataset: tf.data.Dataset, steps: int | None = None, kind: str = "binary"
+) -> dict[str, float]:
+    """The task's eval metrics (binary: AUC and accuracy at 0.5; components/tasks.py for the others) over every row
+    of `dataset`, or of its first `steps` batches, and the number of rows.
 
     `dataset` yields (features, label) batches and must be finite unless `steps` is given.
     """
     if steps is not None:
         dataset = dataset.take(steps)
-    labels, scores = [], []
+    labels, outputs = [], []
     for features, label in dataset:
-        scores.append(np.reshape(model(features, training=False).numpy(), -1))
+        prediction = model(features, training=False).numpy()
+        outputs.append(prediction.reshape(len(prediction), -1))
         labels.append(np.reshape(label.numpy(), -1))
     if not labels:
         raise ValueError("the evaluation data is empty; check the eval split of the transformed examples.")
-    y = np.concatenate(labels).astype(np.int64)
-    p = np.concatenate(scores).astype(np.float64)
-    if np.unique(y).size < 2:
+    y = np.concatenate(labels)
+    p = np.concatenate(outputs)
+    if kind == "binary" and np.unique(y).size < 2:
         raise ValueError(f"the evaluation data holds only one class ({int(y.sum())} positives of {y.size} rows), "
                          "so AUC is undefined; check the eval split and the label settings.")
-    return {"auc": float(roc_auc_score(y, p)), "accuracy": float(np.mean((p > 0.5) == (y == 1))), "rows": int(y.size)}
+    if kind == "multiclass" and np.unique(y).size < 2:
+        raise ValueError(f"the evaluation data holds only one class (id {int(y[0])}), so the macro AUC is undefined; "
+                         "check the eval split and the label settings.")
+    return {**task_metrics(kind, p if kind == "multiclass" else p.reshape(-1), y), "rows": int(y.size)}
 
 
-def pruning_gate(auc_before: float, auc_after: float, max_auc_drop: float) -> tuple[float, bool]:
-    """The Optimizer's gate: the eval AUC pruning cost (negative when it gained), and whether that is at most
-    optimize.max_auc_drop."""
-    drop = auc_before - auc_after
-    return drop, drop <= max_auc_drop
+def pruning_gate(before: float, after: float, max_degradation: float, higher_is_better: bool = True
+                 ) -> tuple[float, bool]:
+    """The Optimizer's gate: how much worse pruning made the eval metric (a drop in AUC, a rise in RMSE; negative
+    when it improved), and whether that is at most optimize.max_degradation."""
+    worse = before - after if higher_is_better else after - before
+    return worse, worse <= max_degradation
 
 
 def _pruning_schedule(target_sparsity: float, steps: int) -> tfmot.sparsity.keras.PolynomialDecay:
@@ -111,8 +120,10 @@ def prune_model(
     learning_rate: float,
     seed: int,
     class_weight: dict[int, float] | None = None,
+    loss: tf.keras.losses.Loss | None = None,
 ) -> tf.keras.Model:
-    """A copy of `model` whose Dense kernels are `target_sparsity` zeros, fine-tuned `steps` batches of `train`.
+    """A copy of `model` whose Dense kernels are `target_sparsity` zeros, fine-tuned `steps` batches of `train` on
+    `loss` (the task's training loss; binary cross-entropy by default).
 
     Embeddings stay dense: their tables are small and ids are few, so they could not hit the target exactly and
     zeroing rows would erase whole categories. The input model is left untouched; the result has its inputs and
@@ -136,7 +147,8 @@ def prune_model(
         return layer
 
     wrapped = tf.keras.models.clone_model(detached, clone_function=wrap_dense)
-    wrapped.compile(optimizer=tf.keras.optimizers.Adam(learning_rate), loss=tf.keras.losses.BinaryCrossentropy())
+    wrapped.compile(optimizer=tf.keras.optimizers.Adam(learning_rate),
+                    loss=loss or tf.keras.losses.BinaryCrossentropy())
     logging.info("pruning: %d fine-tuning steps, sparsity 0 -> %.2f by step %d (mask update every %d steps)",
                  steps, target_sparsity, schedule.end_step, schedule.frequency)
     history = wrapped.fit(
@@ -157,6 +169,35 @@ def _logit(probability: tf.Tensor) -> tf.Tensor:
     return tf.math.log(p) - tf.math.log1p(-p)
 
 
+def _log_probabilities(probability: tf.Tensor) -> tf.Tensor:
+    """Logits of a softmax output, up to a constant per row (which softmax ignores)."""
+    return tf.math.log(tf.clip_by_value(tf.cast(probability, tf.float32), _PROB_EPSILON, 1.0))
+
+
+def distillation_loss(kind: str, labels: tf.Tensor, teacher: tf.Tensor, student: tf.Tensor, temperature: tf.Tensor,
+                      alpha: float) -> tf.Tensor:
+    """Per-example loss of the student: alpha * (its loss on the labels) + (1 - alpha) * (its loss on the teacher's
+    predictions). Classifiers match the teacher's probabilities softened by the temperature T (sigmoid or softmax of
+    logits / T), scaled by T^2 to keep the soft term's gradients comparable across temperatures; a regression
+    student matches the teacher's values (squared error; T plays no part)."""
+    if kind == "regression":
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
+        student, teacher = tf.reshape(student, [-1]), tf.reshape(teacher, [-1])
+        return alpha * tf.square(student - labels) + (1.0 - alpha) * tf.square(student - teacher)
+    if kind == "multiclass":
+        ids = tf.cast(tf.reshape(labels, [-1]), tf.int32)
+        hard = tf.keras.losses.sparse_categorical_crossentropy(ids, student)
+        soft_targets = tf.nn.softmax(_log_probabilities(teacher) / temperature)
+        soft = tf.keras.losses.categorical_crossentropy(
+            soft_targets, _log_probabilities(student) / temperature, from_logits=True)
+        return alpha * hard + (1.0 - alpha) * temperature**2 * soft
+    labels = tf.cast(tf.reshape(labels, [-1, 1]), tf.float32)
+    soft_targets = tf.sigmoid(_logit(teacher) / temperature)
+    hard = tf.keras.losses.binary_crossentropy(labels, student)
+    soft = tf.keras.losses.binary_crossentropy(soft_targets, _logit(student) / temperature, from_logits=True)
+    return alpha * hard + (1.0 - alpha) * temperature**2 * soft
+
+
 def distill_model(
     teacher: tf.keras.Model,
     train: tf.data.Dataset,
@@ -168,30 +209,26 @@ def distill_model(
     learning_rate: float,
     seed: int,
     class_weight: dict[int, float] | None = None,
+    kind: str = "binary",
 ) -> tf.keras.Model:
     """A student from `build_student()` trained `steps` batches on the labels and on the frozen teacher's
-    softened predictions: alpha * BCE(label, student) + (1 - alpha) * T^2 * BCE(teacher_T, student_T),
-    where x_T = sigmoid(logit(x) / T). The T^2 keeps the soft term's gradients comparable across temperatures."""
+    predictions (distillation_loss): for a binary model alpha * BCE(label, student) + (1 - alpha) * T^2 *
+    BCE(teacher_T, student_T), where x_T = sigmoid(logit(x) / T)."""
     if steps < 1 or temperature <= 0 or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"distillation needs steps >= 1, temperature > 0 and alpha in [0, 1]; got steps={steps}, "
                          f"temperature={temperature}, alpha={alpha}.")
     tf.keras.utils.set_random_seed(seed)
     student = build_student()
     optimizer = tf.keras.optimizers.Adam(learning_rate)
-    weights = None if not class_weight else tf.constant([class_weight[0], class_weight[1]], tf.float32)
+    weights = None if not class_weight else tf.constant([class_weight[c] for c in sorted(class_weight)], tf.float32)
     temperature_t = tf.constant(temperature, tf.float32)
 
     @tf.function(reduce_retracing=True)
     def train_step(features: dict[str, tf.Tensor], labels: tf.Tensor) -> tf.Tensor:
-        labels = tf.cast(tf.reshape(labels, [-1, 1]), tf.float32)
-        soft_targets = tf.sigmoid(_logit(teacher(features, training=False)) / temperature_t)
+        teacher_out = teacher(features, training=False)
         with tf.GradientTape() as tape:
-            probability = tf.cast(student(features, training=True), tf.float32)
-            hard = tf.keras.losses.binary_crossentropy(labels, probability)
-            soft = tf.keras.losses.binary_crossentropy(
-                soft_targets, _logit(probability) / temperature_t, from_logits=True
-            )
-            per_example = alpha * hard + (1.0 - alpha) * temperature_t**2 * soft
+            student_out = tf.cast(student(features, training=True), tf.float32)
+            per_example = distillation_loss(kind, labels, teacher_out, student_out, temperature_t, alpha)
             if weights is not None:
                 # Like Keras' class_weight in the Trainer: each example's loss scaled by its class's weight.
                 per_example *= tf.gather(weights, tf.cast(tf.reshape(labels, [-1]), tf.int32))
@@ -234,29 +271,36 @@ def optimize(
     *,
     seed: int = 42,
     class_weight: dict[int, float] | None = None,
+    kind: str = "binary",
+    metric: str = "auto",
+    loss: tf.keras.losses.Loss | None = None,
 ) -> OptimizationResult:
-    """Distils (when options.distill.enabled), then prunes (when options.prune) the trained `model`.
+    """Distils (when options.distill.enabled), then prunes (when options.prune) the trained `model` of the task
+    `kind`, whose `loss` fine-tuning minimises and whose `metric` (evaluation.metric) the gate watches.
 
     `options` is the config's optimize section; `train` repeats, `evaluation` is finite. With nothing enabled the
-    same model object comes back. Raises OptimizationGateError when pruning lowers eval AUC by more than
-    options.max_auc_drop.
+    same model object comes back. Raises OptimizationGateError when pruning worsens the eval metric by more than
+    options.max_degradation.
     """
     settings = dataclasses.asdict(options)
     distill = options.distill
+    metric = task_metric(kind, metric)
     if not distill.enabled and not options.prune:
         logging.info("optimizer: nothing to do (optimize.prune is false, optimize.distill.enabled is false)")
         return OptimizationResult(model, {
             "stages": [],
+            "kind": kind,
+            "metric": metric,
             "summary": {"output_stage": "input"},
             "note": "nothing done: optimize.prune is false and optimize.distill.enabled is false, so the trained "
                        "model passes through unchanged.",
             "settings": settings,
         })
 
-    report: dict[str, Any] = {"stages": [], "settings": settings}
-    report["input"] = _describe(model, evaluate(model, evaluation))
-    logging.info("optimizer: input model eval AUC %.4f, accuracy %.4f, %d parameters, %d gzipped bytes",
-                 report["input"]["auc"], report["input"]["accuracy"], report["input"]["parameters"],
+    report: dict[str, Any] = {"stages": [], "kind": kind, "metric": metric, "settings": settings}
+    report["input"] = _describe(model, evaluate(model, evaluation, kind=kind))
+    logging.info("optimizer: input model eval %s, %d parameters, %d gzipped bytes",
+                 describe_figures(report["input"], kind), report["input"]["parameters"],
                  report["input"]["gzip_bytes"])
     current, current_stage = model, "input"
 
@@ -265,34 +309,36 @@ def optimize(
         current = distill_model(
             model, train, build_student=build_student, temperature=distill.temperature, alpha=distill.alpha,
             steps=distill.steps, learning_rate=distill.learning_rate, seed=seed, class_weight=class_weight,
+            kind=kind,
         )
         current_stage = "distilled"
-        report["distilled"] = _describe(current, evaluate(current, evaluation))
+        report["distilled"] = _describe(current, evaluate(current, evaluation, kind=kind))
         report["stages"].append("distill")
-        logging.info("optimizer: student eval AUC %.4f (teacher %.4f), %d parameters (teacher %d)",
-                     report["distilled"]["auc"], report["input"]["auc"], report["distilled"]["parameters"],
+        logging.info("optimizer: student eval %s %.4f (teacher %.4f), %d parameters (teacher %d)", metric,
+                     report["distilled"][metric], report["input"][metric], report["distilled"]["parameters"],
                      report["input"]["parameters"])
 
     if options.prune:
-        before = report[current_stage]["auc"]
+        before = report[current_stage][metric]
         pruned = prune_model(
             current, train, target_sparsity=options.target_sparsity, steps=options.fine_tune_steps,
-            learning_rate=options.learning_rate, seed=seed, class_weight=class_weight,
+            learning_rate=options.learning_rate, seed=seed, class_weight=class_weight, loss=loss,
         )
-        stats = _describe(pruned, evaluate(pruned, evaluation))
+        stats = _describe(pruned, evaluate(pruned, evaluation, kind=kind))
         stats["pruned_from"] = current_stage
-        stats["auc_drop"], passed = pruning_gate(before, stats["auc"], options.max_auc_drop)
+        stats["degradation"], passed = pruning_gate(before, stats[metric], options.max_degradation,
+                                                    higher_is_better(kind, metric))
         report["pruned"] = stats
         report["stages"].append("prune")
-        logging.info("optimizer: pruned eval AUC %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
-                     "bytes", stats["auc"], before, stats["kernel_sparsity"], report[current_stage]["gzip_bytes"],
-                     stats["gzip_bytes"])
+        logging.info("optimizer: pruned eval %s %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
+                     "bytes", metric, stats[metric], before, stats["kernel_sparsity"],
+                     report[current_stage]["gzip_bytes"], stats["gzip_bytes"])
         if not passed:
             report["summary"] = _summary(report, "input", "pruned")
             raise OptimizationGateError(
-                f"pruning to {options.target_sparsity:.0%} sparsity lowered the eval AUC by "
-                f"{stats['auc_drop']:.4f} ({before:.4f} to {stats['auc']:.4f}), more than "
-                f"optimize.max_auc_drop={options.max_auc_drop}; allow a larger drop with optimize.max_auc_drop "
+                f"pruning to {options.target_sparsity:.0%} sparsity worsened the eval {metric} by "
+                f"{stats['degradation']:.4f} ({before:.4f} to {stats[metric]:.4f}), more than "
+                f"optimize.max_degradation={options.max_degradation}; allow more with optimize.max_degradation "
                 "or fine-tune longer with optimize.fine_tune_steps.",
                 report,
             )
@@ -303,6 +349,6 @@ def optimize(
 
 
 def _summary(report: dict[str, Any], first: str, last: str) -> dict[str, Any]:
-    keys = ("auc", "accuracy", "parameters", "nonzero_parameters", "gzip_bytes")
+    keys = (*TASK_METRICS[report["kind"]], "parameters", "nonzero_parameters", "gzip_bytes")
     return {"output_stage": last, **{f"{key}_before": report[first][key] for key in keys},
             **{f"{key}_after": report[last][key] for key in keys}}

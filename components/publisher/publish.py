@@ -14,6 +14,7 @@ import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from serving.model_repository import (
     PUBLICATION_FILE,
@@ -75,15 +76,29 @@ def _copy_tree(source_dir: str, target: Path) -> None:
         tf.io.gfile.copy(path, str(destination), overwrite=True)
 
 
-def export_verdict(source_dir: str) -> bool | None:
-    """The export report's verdict (True: every format agreed with the SavedModel), None without a report."""
+def _export_report(source_dir: str) -> dict[str, Any] | None:
     import tensorflow as tf
 
     path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_FILE)
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as f:
-        return bool(json.load(f).get("passed"))
+        return json.load(f)
+
+
+def export_verdict(source_dir: str) -> bool | None:
+    """The export report's verdict (True: every format agreed with the SavedModel), None without a report."""
+    report = _export_report(source_dir)
+    return None if report is None else bool(report.get("passed"))
+
+
+def export_task(source_dir: str) -> dict[str, Any] | None:
+    """What the export report says the model predicts (kind, output, classes, the metric that judged it) and its
+    SavedModel's eval figures, for publication.json; None without a report or for one written before task kinds."""
+    report = _export_report(source_dir)
+    if not report or "task" not in report:
+        return None
+    return {**report["task"], "eval": report.get("reference", {})}
 
 
 def publish_model(
@@ -99,6 +114,10 @@ def publish_model(
     if export_verdict(source_dir) is False:
         raise RepositoryError(f"the export report in {source_dir} failed; a model whose formats disagree is never "
                               "published. Fix the export (see export_report.html) and run again.")
+    task = export_task(source_dir)
+    if task is not None:
+        # A client or a rollout can tell a classifier's probabilities from a regression's value without the model.
+        record = {**record, "task": task}
     repository = open_repository(serving_base_dir)
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:

@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction,
 
 
 def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
-    """One row per published version: blessing, export verdict, checksum state, labels and serving tracks."""
+    """One row per published version: blessing, task kind, export verdict, checksum state, labels and serving
+    tracks."""
     repository = open_repository(base_dir)
     tracks = {track: open_repository(base_dir, track) for track in TRACK_CONFIG_FILES}
     served = {track: set(r.served_versions(model)) for track, r in tracks.items()}
@@ -57,6 +58,7 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
         rows.append({
             "version": version,
             "blessed": "yes" if blessed else ("no" if blessed is False else "unknown"),
+            "task": (publication.get("task") or {}).get("kind", "unknown"),
             "export": export,
             "checksums": check.state,
             "checksum_problems": check.problems,
@@ -83,10 +85,10 @@ def versions_command(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no published version of {config.model_name!r} under {config.serving_base_dir}; run the pipeline.")
         return 0
-    print(f"{'version':>7}  {'blessed':<8} {'export':<9} {'checksums':<11} {'labels':<15} {'served by':<15} "
-          "published")
+    print(f"{'version':>7}  {'blessed':<8} {'task':<11} {'export':<9} {'checksums':<11} {'labels':<15} "
+          f"{'served by':<15} published")
     for row in rows:
-        print(f"{row['version']:>7}  {row['blessed']:<8} {row['export']:<9} {row['checksums']:<11} "
+        print(f"{row['version']:>7}  {row['blessed']:<8} {row['task']:<11} {row['export']:<9} {row['checksums']:<11} "
               f"{','.join(row['labels']) or '-':<15} {','.join(row['served_by']) or '-':<15} {row['published_at']}")
         for problem in row["checksum_problems"][:5]:
             print(f"         ! {problem}")

@@ -78,8 +78,12 @@ class Limits:
     timeout_s: float
 
 
-def _max_diff(a: list[float], b: list[float]) -> float:
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+def _max_diff(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> float:
+    """The largest difference between two answers' numbers (probabilities, or values) over every row."""
+    from serving.client import numeric_values
+
+    return max((abs(x - y) for row_a, row_b in zip(a, b, strict=True)
+                for x, y in zip(numeric_values(row_a), numeric_values(row_b), strict=True)), default=0.0)
 
 
 class Verifier:
@@ -106,11 +110,11 @@ class Verifier:
                                    "rest_grpc_max_abs_diff": 0.0}
         try:
             with RestClient(stable_endpoint.rest) as rest:
-                reference = rest.predict(self.rows, self.model, **self._address(stable), **opts)
+                reference = rest.predict_outputs(self.rows, self.model, **self._address(stable), **opts)
             for endpoint in self.backend.endpoints("canary"):
                 with RestClient(endpoint.rest) as rest, GrpcClient(endpoint.grpc) as grpc:
-                    by_rest = rest.predict(self.rows, self.model, **self._address(candidate), **opts)
-                    by_grpc = grpc.predict(self.rows, self.model, **self._address(candidate), **opts)
+                    by_rest = rest.predict_outputs(self.rows, self.model, **self._address(candidate), **opts)
+                    by_grpc = grpc.predict_outputs(self.rows, self.model, **self._address(candidate), **opts)
                 figures["rest_max_abs_diff"] = max(figures["rest_max_abs_diff"], _max_diff(reference, by_rest))
                 figures["grpc_max_abs_diff"] = max(figures["grpc_max_abs_diff"], _max_diff(reference, by_grpc))
                 figures["rest_grpc_max_abs_diff"] = max(figures["rest_grpc_max_abs_diff"], _max_diff(by_rest, by_grpc))
@@ -142,8 +146,8 @@ class Verifier:
                 row = self.rows[sent % len(self.rows)]
                 started = time.monotonic()
                 try:
-                    client.predict(row, self.model, timeout=self.limits.timeout_s, drop_unknown_features=True,
-                                   **self._address(candidate))
+                    client.predict_outputs(row, self.model, timeout=self.limits.timeout_s,
+                                           drop_unknown_features=True, **self._address(candidate))
                     latencies.append((time.monotonic() - started) * 1000.0)
                 except (ServingError, OSError):
                     errors += 1

@@ -1,6 +1,6 @@
 """The export gate at its thresholds, one format at a time: float formats by their largest probability difference
 from the SavedModel (export.max_abs_diff), quantized TFLite variants by the eval AUC they lose
-(export.max_quantized_auc_drop). Probabilities of a taxi-like model on 2,000 eval rows, perturbed as converters do:
+(export.max_quantized_degradation). Probabilities of a taxi-like model on 2,000 eval rows, perturbed as converters do:
 float32 rounding noise for float formats, coarser scores for quantized ones."""
 import dataclasses
 import json
@@ -31,7 +31,7 @@ MAX_AUC_DROP = 0.02
 
 
 def options(**changes):
-    settings = {"max_abs_diff": MAX_ABS_DIFF, "max_quantized_auc_drop": MAX_AUC_DROP, "latency_rows": 3}
+    settings = {"max_abs_diff": MAX_ABS_DIFF, "max_quantized_degradation": MAX_AUC_DROP, "latency_rows": 3}
     return dataclasses.replace(ExportConfig(), **{**settings, **changes})
 
 
@@ -93,20 +93,20 @@ def test_float_format_is_judged_by_its_difference_not_by_auc(eval_set, name):
     reference, labels = eval_set
     # Rounding noise leaves AUC as it is; the quantized allowance, however generous or strict, does not apply.
     close, far = float_noise(reference, 0.5 * MAX_ABS_DIFF), float_noise(reference, 3 * MAX_ABS_DIFF)
-    assert check_artifact(name, close, reference, labels, options(max_quantized_auc_drop=-0.5))["check"]["passed"]
-    assert not check_artifact(name, far, reference, labels, options(max_quantized_auc_drop=0.5))["check"]["passed"]
+    assert check_artifact(name, close, reference, labels, options(max_quantized_degradation=-0.5))["check"]["passed"]
+    assert not check_artifact(name, far, reference, labels, options(max_quantized_degradation=0.5))["check"]["passed"]
 
 
 @pytest.mark.parametrize("name", QUANTIZED_ARTIFACTS)
 @pytest.mark.parametrize("low, high, passes", [(0.0190, 0.0199, True), (0.0201, 0.0210, False)])
-def test_quantized_variant_at_max_quantized_auc_drop(eval_set, name, low, high, passes):
+def test_quantized_variant_at_max_quantized_degradation(eval_set, name, low, high, passes):
     reference, labels = eval_set
     quantized = with_auc_drop(reference, labels, low, high)
     row = check_artifact(name, quantized, reference, labels, options())
     assert low < row["check"]["value"] < high
     assert row["check"]["value"] == pytest.approx(auc_drop(labels, reference, quantized))
-    assert row["check"] == {"figure": "auc_drop", "value": row["check"]["value"], "threshold": MAX_AUC_DROP,
-                            "config_key": "export.max_quantized_auc_drop", "passed": passes}
+    assert row["check"] == {"figure": "auc_degradation", "value": row["check"]["value"], "threshold": MAX_AUC_DROP,
+                            "config_key": "export.max_quantized_degradation", "passed": passes}
     # Blending with noise moves probabilities far more than max_abs_diff: quantized variants are not held to it.
     assert row["max_abs_diff"] > 100 * MAX_ABS_DIFF
 
@@ -129,15 +129,16 @@ def test_figures_exactly_at_their_thresholds_pass(eval_set):
     quantized = with_auc_drop(reference, labels, 0.01, 0.02)
     drop = export._metrics(reference, labels)["auc"] - export._metrics(quantized, labels)["auc"]
     assert check_artifact("tflite/int8", quantized, reference, labels,
-                          options(max_quantized_auc_drop=drop))["check"]["passed"]
+                          options(max_quantized_degradation=drop))["check"]["passed"]
 
 
-def test_metrics_accuracy_counts_one_half_as_positive_and_auc_needs_both_classes():
+def test_metrics_accuracy_counts_one_half_as_negative_and_auc_needs_both_classes():
+    # As Keras' and TFMA's BinaryAccuracy, which the Trainer and the Evaluator report: positive above 0.5.
     probabilities = np.array([0.2, 0.5, 0.7, 0.4], dtype=np.float32)
     metrics = export._metrics(probabilities, np.array([0, 1, 1, 1]))
-    assert metrics == {"auc": 1.0, "accuracy": 0.75}
-    one_class = export._metrics(probabilities, np.array([1, 1, 1, 1]))
-    assert np.isnan(one_class["auc"]) and one_class["accuracy"] == 0.5
+    assert metrics == {"auc": 1.0, "accuracy": 0.5}
+    one_class = export._metrics(probabilities, np.array([0, 0, 0, 0]))
+    assert np.isnan(one_class["auc"]) and one_class["accuracy"] == 0.75
 
 
 class FixedRunner(Runner):
@@ -173,7 +174,7 @@ def test_verify_reports_every_format_and_passes_only_when_each_does(tmp_path, ev
     assert list(rows) == ["saved_model", "onnx", "tflite/int8"]
     assert rows["saved_model"]["max_abs_diff"] == 0.0 and rows["saved_model"]["size_bytes"] == 1000
     assert rows["onnx"]["max_abs_diff"] == pytest.approx(0.9 * MAX_ABS_DIFF, rel=1e-3)
-    assert rows["tflite/int8"]["size_bytes"] == 3000 and rows["tflite/int8"]["check"]["figure"] == "auc_drop"
+    assert rows["tflite/int8"]["size_bytes"] == 3000 and rows["tflite/int8"]["check"]["figure"] == "auc_degradation"
     for name, row in rows.items():
         assert row["path"] == str(artifacts[name][0]) and row["latency_ms_p50"] > 0
         assert row["auc"] == pytest.approx(roc_auc_score(data.labels, artifacts[name][1].probabilities))
@@ -207,12 +208,12 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
                                               "config_key": "export.max_abs_diff", "passed": True}},
         {"artifact": "onnx", "check": {"figure": "max_abs_diff", "value": 5.1e-05, "threshold": 5e-5,
                                        "config_key": "export.max_abs_diff", "passed": False}},
-        {"artifact": "tflite/int8", "check": {"figure": "auc_drop", "value": 0.0203, "threshold": 0.02,
-                                              "config_key": "export.max_quantized_auc_drop", "passed": False}},
+        {"artifact": "tflite/int8", "check": {"figure": "auc_degradation", "value": 0.0203, "threshold": 0.02,
+                                              "config_key": "export.max_quantized_degradation", "passed": False}},
     ]}
     assert gate_message(result) == (
         "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
-        "tflite/int8: auc_drop 0.0203 is above the threshold 0.02 (export.max_quantized_auc_drop)"
+        "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation)"
     )
 
 

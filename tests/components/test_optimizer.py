@@ -38,7 +38,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.transform import preprocessing_fn
-from pipeline.config import DistillConfig, OptimizeConfig, TrainingConfig, load_config, read_section
+from pipeline.config import DistillConfig, EvaluationConfig, OptimizeConfig, TrainingConfig, load_config, read_section
 
 NUMERIC = ["a_xf", "b_xf"]
 CARDINALITIES = {"c1_xf": 6, "c2_xf": 5}
@@ -177,29 +177,29 @@ def test_nothing_enabled_returns_the_same_model(teacher, data):
 def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
     """Pruning to 75% for 20 steps costs the teacher some AUC; the gate passes a limit 1e-4 above that cost and
     fails one 1e-4 below it, with a message naming the figures and the keys to change."""
-    def run(max_auc_drop):
+    def run(max_degradation):
         train, evaluation = datasets()
-        settings = options(prune=True, target_sparsity=0.75, fine_tune_steps=20, max_auc_drop=max_auc_drop)
+        settings = options(prune=True, target_sparsity=0.75, fine_tune_steps=20, max_degradation=max_degradation)
         return optimize(teacher, train, evaluation, settings, build_student, seed=SEED)
 
     measured = run(1.0).report
-    drop = measured["pruned"]["auc_drop"]
+    drop = measured["pruned"]["degradation"]
     assert drop == pytest.approx(measured["input"]["auc"] - measured["pruned"]["auc"], abs=1e-12)
     assert measured["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.75, abs=0.01)
 
     inside = run(drop + 1e-4)
-    assert inside.report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert inside.report["pruned"]["degradation"] == pytest.approx(drop, abs=2e-5)
     assert inside.report["summary"]["output_stage"] == "pruned"
     with pytest.raises(OptimizationGateError) as caught:
         run(drop - 1e-4)
     assert isinstance(caught.value, ValueError)
     report = caught.value.report
-    assert report["pruned"]["auc_drop"] == pytest.approx(drop, abs=2e-5)
+    assert report["pruned"]["degradation"] == pytest.approx(drop, abs=2e-5)
     assert report["summary"]["output_stage"] == "pruned"
     assert str(caught.value) == (
-        f"pruning to 75% sparsity lowered the eval AUC by {report['pruned']['auc_drop']:.4f} "
+        f"pruning to 75% sparsity worsened the eval auc by {report['pruned']['degradation']:.4f} "
         f"({report['input']['auc']:.4f} to {report['pruned']['auc']:.4f}), more than "
-        f"optimize.max_auc_drop={drop - 1e-4}; allow a larger drop with optimize.max_auc_drop or fine-tune longer "
+        f"optimize.max_degradation={drop - 1e-4}; allow more with optimize.max_degradation or fine-tune longer "
         "with optimize.fine_tune_steps."
     )
 
@@ -211,6 +211,8 @@ CUSTOM_CONFIG = {
     "label": {"name": "label", "column": "t", "threshold": 0.0, "relative_to": "", "positive_value": ""},
     "transform": {"bucket_count": 10, "vocab_size": 100, "oov_buckets": 1},
     "training": dataclasses.asdict(training(hidden_units=[16, 8], seed=SEED)),
+    # The pruning gate watches evaluation.metric (auto: AUC for this binary label).
+    "evaluation": dataclasses.asdict(EvaluationConfig()),
 }
 RAW_SPEC = {
     "a": tf.io.FixedLenFeature([1], tf.float32),
@@ -299,7 +301,7 @@ def run_executor(artifacts, output_name, optimize_settings):
 
 def test_executor_distils_prunes_and_exports_like_the_trainer(artifacts):
     # 0.25, not 0.5: a schedule that pruned to 1 - target would be caught.
-    settings = options(prune=True, target_sparsity=0.25, fine_tune_steps=60, batch_size=64, max_auc_drop=0.05,
+    settings = options(prune=True, target_sparsity=0.25, fine_tune_steps=60, batch_size=64, max_degradation=0.05,
                        distill=DistillConfig(enabled=True, hidden_units=[8], steps=100))
     uri, report = run_executor(artifacts, "optimized", settings)
     assert report["stages"] == ["distill", "prune"]
@@ -330,12 +332,12 @@ def test_executor_with_nothing_to_do_copies_the_trainers_artifact(artifacts):
 def test_executor_writes_the_report_when_the_gate_fails(artifacts):
     # Zeroing 95% of every kernel with 10 steps to recover costs more AUC than the default allowance of 0.01.
     settings = options(prune=True, target_sparsity=0.95, fine_tune_steps=10, batch_size=64)
-    with pytest.raises(OptimizationGateError, match=r"more than optimize.max_auc_drop=0.01;"):
+    with pytest.raises(OptimizationGateError, match=r"more than optimize.max_degradation=0.01;"):
         run_executor(artifacts, "gated", settings)
     with open(artifacts["root"] / "gated" / "optimization_report.json") as f:
         report = json.load(f)
-    assert report["stages"] == ["prune"] and report["pruned"]["auc_drop"] > 0.01
-    assert report["summary"]["auc_before"] - report["summary"]["auc_after"] == report["pruned"]["auc_drop"]
+    assert report["stages"] == ["prune"] and report["pruned"]["degradation"] > 0.01
+    assert report["summary"]["auc_before"] - report["summary"]["auc_after"] == report["pruned"]["degradation"]
 
 
 def test_component_carries_each_config_section_it_reads_typed():

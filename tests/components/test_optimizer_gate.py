@@ -1,5 +1,5 @@
 """The Optimizer's gate, its AUC measurement and the pruning schedule as plain functions: the AUC drop just inside and
-just outside optimize.max_auc_drop, a gain, and sparsity targets other than 0.5 (where `1 - target` would go
+just outside optimize.max_degradation, a gain, and sparsity targets other than 0.5 (where `1 - target` would go
 unnoticed).
 test_optimizer.py drives the same gate through a real pruned model and the executor."""
 import numpy as np

@@ -149,3 +149,52 @@ def test_preprocessing_rejects_a_bad_request(spec):
         preprocess(spec, columns)
     with pytest.raises(RequestError, match="'fare' must hold float"):
         preprocess(spec, {**request_columns(ROWS), "fare": ["ten"] * len(ROWS)})
+
+
+def transform_with_label(tmp_path_factory, label: dict) -> tuple[dict[str, np.ndarray], str]:
+    """ROWS through preprocessing_fn with `label` as the label section and fare, lat as the only features."""
+    config = {**CUSTOM_CONFIG, "label": {"name": "target", "threshold": 0.5, "relative_to": "", "positive_value": "",
+                                         **label},
+              "data": {"numeric_features": ["fare"], "bucket_features": ["lat"], "vocab_features": []}}
+    metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(FEATURE_SPEC))
+    output_dir = str(tmp_path_factory.mktemp("transform_output"))
+    with tft_beam.Context(temp_dir=str(tmp_path_factory.mktemp("tft")), force_tf_compat_v1=False):
+        (rows, _), transform_fn = (ROWS, metadata) | tft_beam.AnalyzeAndTransformDataset(
+            lambda inputs: preprocessing_fn(inputs, config)
+        )
+        _ = transform_fn | tft_beam.WriteTransformFn(output_dir)
+    metadata_io.write_metadata(metadata, f"{output_dir}/metadata")
+    return {key: np.array([row[key] for row in rows]) for key in rows[0]}, output_dir
+
+
+def test_a_multiclass_label_is_a_class_id_and_a_missing_label_is_no_class(tmp_path_factory):
+    import tensorflow_transform as tft
+
+    from components.tasks import task_from_transform
+    from pipeline.config import LabelConfig
+
+    rows, output_dir = transform_with_label(tmp_path_factory, {"kind": "multiclass", "column": "payment_type"})
+    task = task_from_transform(LabelConfig(kind="multiclass", column="payment_type"), tft.TFTransformOutput(output_dir))
+    # The classes are the values seen, never the empty marker of the row without one.
+    assert sorted(task.classes) == ["Cash", "Credit Card"] and task.units == 2
+    names = [task.classes[i] if i >= 0 else None for i in rows["target"]]
+    assert names == ["Cash", "Cash", "Credit Card", None, "Cash", "Credit Card"]
+    assert build_spec(output_dir, FeatureLayout.from_properties({**CUSTOM_CONFIG, "label": {
+        "kind": "multiclass", "name": "target", "column": "payment_type"}, "data": {
+        "numeric_features": ["fare"], "bucket_features": ["lat"], "vocab_features": []}}))["task"] == {
+        "kind": "multiclass", "output": "probabilities", "classes": list(task.classes)}
+
+
+def test_a_regression_label_is_the_number_and_its_mean_and_std_are_recorded(tmp_path_factory):
+    import tensorflow_transform as tft
+
+    from components.tasks import task_from_transform
+    from pipeline.config import LabelConfig
+
+    rows, output_dir = transform_with_label(tmp_path_factory, {"kind": "regression", "column": "tips"})
+    tips = np.array([row["tips"][0] for row in ROWS])
+    np.testing.assert_allclose(rows["target"], tips)
+    task = task_from_transform(LabelConfig(kind="regression", column="tips"), tft.TFTransformOutput(output_dir))
+    assert task.kind == "regression" and task.output_name == "value"
+    assert task.label_mean == pytest.approx(tips.mean(), rel=1e-6)
+    assert task.label_std == pytest.approx(tips.std(), rel=1e-5)

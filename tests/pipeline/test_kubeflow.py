@@ -101,6 +101,10 @@ def test_a_local_or_non_gcs_output_root_or_a_local_data_path_is_refused(tmp_path
         compile_pipeline(load_config(None, [*KUBEFLOW, "kubeflow.data_path=/data"]), str(tmp_path / "p.yaml"))
     with pytest.raises(KubeflowError, match="must end in .yaml"):
         compile_pipeline(load_config(None, KUBEFLOW), str(tmp_path / "p.txt"))
+    # A bundled dataset exists only where a local run wrote it; the image's sample is the taxi data, not iris.
+    with pytest.raises(KubeflowError, match=r"data.path sklearn:iris is written on this machine at run time"):
+        compile_pipeline(load_config(None, [*KUBEFLOW, "data.path=sklearn:iris"]), str(tmp_path / "p.yaml"))
+    assert not (tmp_path / "p.yaml").exists()
 
 
 def test_submit_starts_a_run_and_prints_its_link(compiled, capsys):

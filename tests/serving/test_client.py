@@ -231,3 +231,26 @@ def test_a_stale_cached_signature_is_fetched_again_once(client):
     client._metadata_cache[(MODEL, 2, None)] = (time.monotonic(), stale)
     with pytest.raises(InvalidInputError, match="payment_type"):
         client.predict(ROW, MODEL, version=2, drop_unknown_features=True)
+
+
+def test_one_line_per_row_for_each_task_kind():
+    from serving.client import format_prediction, numeric_values
+
+    # A binary model's line is the probability alone, as `mlops predict` printed before task kinds.
+    assert format_prediction({"probabilities": 0.25}) == "0.250000"
+    assert format_prediction({"value": 151.5}) == "151.500000"
+    multiclass = {"probabilities": [0.9, 0.075, 0.025], "classes": ["setosa", "versicolor", "virginica"],
+                  "class": "setosa"}
+    assert format_prediction(multiclass) == "setosa  setosa=0.900000 versicolor=0.075000 virginica=0.025000"
+    # The numbers a canary compares: every probability, never the class names.
+    assert numeric_values(multiclass) == [0.9, 0.075, 0.025]
+    assert numeric_values({"value": 151.5}) == [151.5]
+
+
+def test_a_canary_compares_every_class_probability():
+    from serving.rollout.verify import _max_diff
+
+    stable = [{"probabilities": [0.9, 0.1], "classes": ["a", "b"], "class": "a"}]
+    candidate = [{"probabilities": [0.9, 0.1003], "classes": ["a", "b"], "class": "a"}]
+    assert _max_diff(stable, candidate) == pytest.approx(3e-4)
+    assert _max_diff([{"value": 10.0}], [{"value": 10.5}]) == pytest.approx(0.5)

@@ -1,12 +1,13 @@
 // Runs the TF.js graph model on raw rows in Node.js with @tensorflow/tfjs (pure JavaScript CPU backend).
 //   node predict.mjs <tfjs model dir> <request.json> [<output.json>] [<timed rows>]
-// request.json: {"feature": [value per row], ...}, the same request the SavedModel takes. Writes (or prints)
-// {"probabilities": [...], "latency_ms": [...]}: one probability per row, then the time of each of the first
-// <timed rows> rows sent alone (preprocessing included).
+// request.json: {"feature": [value per row], ...}, the same request the SavedModel takes. Writes (or prints) what
+// the SavedModel answers ({"probabilities": [...]} for a binary model, with "class" and "classes" for a multiclass
+// one, {"value": [...]} for a regression one) and "latency_ms": the time of each of the first <timed rows> rows
+// sent alone (preprocessing included).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs';
-import { preprocess } from './preprocessing.mjs';
+import { postprocess, preprocess } from './preprocessing.mjs';
 
 export async function loadModel(dir) {
   const modelJson = JSON.parse(readFileSync(join(dir, 'model.json'), 'utf8'));
@@ -34,6 +35,11 @@ export function predict(model, spec, columns) {
   });
 }
 
+function rowsOf(columns) {
+  const first = Object.values(columns)[0];
+  return Array.isArray(first) ? first.length : 0;
+}
+
 async function main() {
   const [dir, requestPath, outputPath, timed = '0'] = process.argv.slice(2);
   if (!dir || !requestPath) {
@@ -44,16 +50,16 @@ async function main() {
   const model = await loadModel(dir);
   const spec = JSON.parse(readFileSync(join(dir, 'preprocessing.json'), 'utf8'));
   const columns = JSON.parse(readFileSync(requestPath, 'utf8'));
-  const probabilities = Array.from(predict(model, spec, columns));
+  const rows = rowsOf(columns);
+  const outputs = postprocess(spec, predict(model, spec, columns), rows);
   const latency = [];
-  const rows = probabilities.length;
   for (let i = 0; i < Math.min(Number(timed), rows); i++) {
     const one = Object.fromEntries(Object.entries(columns).map(([k, v]) => [k, [v[i]]]));
     const start = process.hrtime.bigint();
     predict(model, spec, one);
     latency.push(Number(process.hrtime.bigint() - start) / 1e6);
   }
-  const result = JSON.stringify({ probabilities, latency_ms: latency, backend: tf.getBackend() });
+  const result = JSON.stringify({ ...outputs, latency_ms: latency, backend: tf.getBackend() });
   if (outputPath) writeFileSync(outputPath, result); else console.log(result);
 }
 

@@ -69,3 +69,22 @@ export function preprocess(spec, columns) {
   }
   return outputs;
 }
+
+// What the SavedModel's serving_default answers, from the graph model's output (a flat array of `rows` rows):
+// {probabilities} for a binary model, {probabilities: [[per class]], class: [name], classes: [[names]]} for a
+// multiclass one (the class names are the spec's task.classes), {value} for a regression model.
+export function postprocess(spec, values, rows) {
+  const task = spec.task ?? { kind: 'binary', output: 'probabilities' };
+  if (task.kind !== 'multiclass') return { [task.output]: Array.from(values) };
+  const width = task.classes.length;
+  const probabilities = [];
+  const predicted = [];
+  for (let r = 0; r < rows; r++) {
+    const row = Array.from(values.slice(r * width, (r + 1) * width));
+    let best = 0;
+    for (let c = 1; c < width; c++) if (row[c] > row[best]) best = c;
+    probabilities.push(row);
+    predicted.push(task.classes[best]);
+  }
+  return { [task.output]: probabilities, class: predicted, classes: predicted.map(() => [...task.classes]) };
+}

@@ -1,0 +1,257 @@
+"""The task kinds (binary, multiclass, regression) as plain code: what the model outputs, the metrics every stage
+judges it by, and how much worse a metric may get.
+
+One definition serves the Optimizer (transformed eval batches), the Exporter (each format's outputs) and the
+Evaluator (TFMA, through the accumulators below), so that "AUC" or "RMSE" means the same number in each report.
+NumPy and scikit-learn only; TensorFlow is imported where the Transform output is read.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from pipeline.config import TASK_METRICS, task_metric
+
+# The SavedModel's output each kind answers with: one probability per row (binary), a probability per class
+# (multiclass, beside the predicted class name and the class names), or the predicted number (regression).
+OUTPUT_NAMES = {"binary": "probabilities", "multiclass": "probabilities", "regression": "value"}
+# Probabilities are clipped this far from 0 and 1 for log loss, as Keras does.
+PROB_EPSILON = 1e-7
+# Score buckets of the streaming AUC the Evaluator computes (MulticlassStats): resolution 1/AUC_BUCKETS.
+AUC_BUCKETS = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a run's model predicts, as the Trainer, the Optimizer and the Exporter need to know it.
+
+    classes: the class names of a multiclass label, in the order of the model's probabilities (label id i is
+    classes[i]). label_mean, label_std: the regression label's mean and standard deviation on the training split;
+    the model predicts z-scores and rescales them, so its output is in the label's units.
+    """
+
+    kind: str = "binary"
+    classes: tuple[str, ...] = ()
+    label_mean: float = 0.0
+    label_std: float = 1.0
+
+    @property
+    def output_name(self) -> str:
+        return OUTPUT_NAMES[self.kind]
+
+    @property
+    def units(self) -> int:
+        """Width of the model's last layer."""
+        return len(self.classes) if self.kind == "multiclass" else 1
+
+    def describe(self) -> dict[str, Any]:
+        """The task as JSON, recorded with the model (export report, preprocessing.json)."""
+        described: dict[str, Any] = {"kind": self.kind, "output": self.output_name}
+        if self.kind == "multiclass":
+            described["classes"] = list(self.classes)
+        return described
+
+
+def task_from_transform(label: Any, tft_output: Any) -> Task:
+    """The Task of a run from its label section and the Transform output (classes of a multiclass label, the
+    regression label's mean and standard deviation), as the Transform recorded them."""
+    from components.transform import CLASSES_VOCABULARY, LABEL_CONSTANTS, read_constants
+
+    if label.kind == "multiclass":
+        classes = tuple(v.decode("utf-8") for v in tft_output.vocabulary_by_name(CLASSES_VOCABULARY))
+        if len(classes) < 2:
+            raise ValueError(f"the label column '{label.column}' holds {len(classes)} class(es) in the training "
+                             "split; a multiclass label needs at least 2 (use label.kind=regression for a number).")
+        return Task("multiclass", classes=classes)
+    if label.kind == "regression":
+        mean, std = read_constants(tft_output)[LABEL_CONSTANTS]
+        return Task("regression", label_mean=float(mean), label_std=float(std) if std > 0 else 1.0)
+    return Task("binary")
+
+
+def _binary(outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    p = outputs.reshape(-1).astype(np.float64)
+    y = labels.reshape(-1)
+    auc = float(roc_auc_score(y, p)) if np.unique(y).size > 1 else float("nan")
+    # A probability of exactly 0.5 is a negative prediction, as for Keras' and TFMA's binary accuracy.
+    return {"auc": auc, "accuracy": float(np.mean((p > 0.5) == (y == 1)))}
+
+
+def macro_auc(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    """One-vs-rest AUC of each class that has both positive and negative rows, averaged; NaN when none has."""
+    aucs = []
+    for class_id in range(probabilities.shape[1]):
+        positive = labels == class_id
+        if positive.any() and not positive.all():
+            aucs.append(roc_auc_score(positive, probabilities[:, class_id]))
+    return float(np.mean(aucs)) if aucs else float("nan")
+
+
+def _multiclass(outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    p = outputs.reshape(len(labels), -1).astype(np.float64)
+    y = labels.reshape(-1).astype(np.int64)
+    chosen = np.clip(p[np.arange(len(y)), y], PROB_EPSILON, 1.0)
+    return {"macro_auc": macro_auc(p, y), "accuracy": float(np.mean(np.argmax(p, axis=1) == y)),
+            "log_loss": float(np.mean(-np.log(chosen)))}
+
+
+def _regression(outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    predicted = outputs.reshape(-1).astype(np.float64)
+    y = labels.reshape(-1).astype(np.float64)
+    errors = predicted - y
+    total = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(errors**2)) / total if total > 0 else float("nan")
+    return {"rmse": float(np.sqrt(np.mean(errors**2))), "mae": float(np.mean(np.abs(errors))), "r2": r2}
+
+
+def task_metrics(kind: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Every metric of the kind (TASK_METRICS) for a model's `outputs` on rows with `labels`: probabilities
+    [rows] and 0/1 labels, probabilities [rows, classes] and class ids, or values [rows] and numbers."""
+    if len(labels) == 0:
+        raise ValueError("there are no rows to compute metrics on.")
+    return {"binary": _binary, "multiclass": _multiclass, "regression": _regression}[kind](np.asarray(outputs),
+                                                                                            np.asarray(labels))
+
+
+def degradation(kind: str, metric: str, before: float, after: float) -> float:
+    """How much worse `after` is than `before` on the metric, in its units: positive when worse, negative when
+    better (a drop in AUC, a rise in RMSE)."""
+    return before - after if TASK_METRICS[kind][task_metric(kind, metric)] else after - before
+
+
+def degradation_gate(kind: str, metric: str, before: float, after: float, max_degradation: float
+                     ) -> tuple[float, bool]:
+    """A gate on one metric: its degradation from `before` to `after`, and whether that is at most
+    `max_degradation` (an improvement always passes a limit of 0 or more). A NaN metric never passes."""
+    worse = degradation(kind, metric, before, after)
+    return worse, bool(worse <= max_degradation)
+
+
+def max_output_difference(kind: str, outputs: np.ndarray, reference: np.ndarray) -> float:
+    """The largest difference between two formats' outputs over every row and every output value. Probabilities
+    compare absolutely; a regression value relative to its size (|difference| / max(1, |value|)), since float32
+    carries about seven significant digits whatever the label's units."""
+    outputs = np.asarray(outputs, dtype=np.float64).reshape(np.shape(reference))
+    reference = np.asarray(reference, dtype=np.float64)
+    difference = np.abs(outputs - reference)
+    if kind == "regression":
+        difference = difference / np.maximum(1.0, np.abs(reference))
+    return float(np.max(difference)) if difference.size else 0.0
+
+
+@dataclass
+class MulticlassStats:
+    """Mergeable sums from which the multiclass metrics follow: what the Evaluator's TFMA combiners accumulate.
+
+    The class count grows with the widest prediction seen, so nothing needs to know the classes beforehand. AUC
+    comes from score histograms (AUC_BUCKETS per class): two scores in one bucket count as a tie.
+    """
+
+    weight: float = 0.0
+    log_loss_sum: float = 0.0
+    # confusion[actual, predicted] (argmax), positives[c, b] / negatives[c, b]: weight of rows of class c (or not
+    # of class c) whose probability for c falls in bucket b.
+    confusion: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    positives: np.ndarray = field(default_factory=lambda: np.zeros((0, AUC_BUCKETS)))
+    negatives: np.ndarray = field(default_factory=lambda: np.zeros((0, AUC_BUCKETS)))
+
+    def _grow(self, classes: int) -> None:
+        have = self.confusion.shape[0]
+        if classes <= have:
+            return
+        confusion = np.zeros((classes, classes))
+        confusion[:have, :have] = self.confusion
+        self.confusion = confusion
+        self.positives = np.vstack([self.positives, np.zeros((classes - have, AUC_BUCKETS))])
+        self.negatives = np.vstack([self.negatives, np.zeros((classes - have, AUC_BUCKETS))])
+
+    def add(self, label: int, probabilities: np.ndarray, weight: float = 1.0) -> None:
+        probabilities = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+        classes = probabilities.size
+        if not 0 <= label < classes:
+            raise ValueError(f"label id {label} is outside the model's {classes} classes; the eval split holds a "
+                             "class the training split does not.")
+        self._grow(classes)
+        self.weight += weight
+        self.log_loss_sum -= weight * np.log(np.clip(probabilities[label], PROB_EPSILON, 1.0))
+        self.confusion[label, int(np.argmax(probabilities))] += weight
+        buckets = np.minimum((np.clip(probabilities, 0.0, 1.0) * AUC_BUCKETS).astype(np.int64), AUC_BUCKETS - 1)
+        is_label = np.arange(classes) == label
+        self.positives[is_label, buckets[is_label]] += weight
+        self.negatives[~is_label, buckets[~is_label]] += weight
+
+    def merge(self, other: MulticlassStats) -> MulticlassStats:
+        self._grow(other.confusion.shape[0])
+        n = other.confusion.shape[0]
+        self.weight += other.weight
+        self.log_loss_sum += other.log_loss_sum
+        self.confusion[:n, :n] += other.confusion
+        self.positives[:n] += other.positives
+        self.negatives[:n] += other.negatives
+        return self
+
+    def class_aucs(self) -> list[float]:
+        """One-vs-rest AUC per class from the histograms (NaN for a class without positives or negatives)."""
+        aucs = []
+        for pos, neg in zip(self.positives, self.negatives, strict=True):
+            if pos.sum() == 0 or neg.sum() == 0:
+                aucs.append(float("nan"))
+                continue
+            negatives_below = np.cumsum(neg) - neg
+            wins = np.sum(pos * negatives_below) + 0.5 * np.sum(pos * neg)
+            aucs.append(float(wins / (pos.sum() * neg.sum())))
+        return aucs
+
+    def metrics(self) -> dict[str, Any]:
+        """accuracy, log_loss, macro_auc, and per-class precision and recall (lists, NaN where undefined)."""
+        if self.weight == 0:
+            return {"accuracy": float("nan"), "log_loss": float("nan"), "macro_auc": float("nan"),
+                    "precision": [], "recall": []}
+        aucs = [a for a in self.class_aucs() if not np.isnan(a)]
+        correct = np.diag(self.confusion)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            precision = correct / self.confusion.sum(axis=0)
+            recall = correct / self.confusion.sum(axis=1)
+        return {"accuracy": float(correct.sum() / self.weight), "log_loss": float(self.log_loss_sum / self.weight),
+                "macro_auc": float(np.mean(aucs)) if aucs else float("nan"),
+                "precision": [float(v) for v in precision], "recall": [float(v) for v in recall]}
+
+
+@dataclass
+class RegressionStats:
+    """Mergeable weighted sums from which RMSE, MAE and R² follow exactly."""
+
+    weight: float = 0.0
+    label_sum: float = 0.0
+    label_squares: float = 0.0
+    absolute_errors: float = 0.0
+    squared_errors: float = 0.0
+
+    def add(self, label: float, prediction: float, weight: float = 1.0) -> None:
+        error = float(prediction) - float(label)
+        self.weight += weight
+        self.label_sum += weight * label
+        self.label_squares += weight * label * label
+        self.absolute_errors += weight * abs(error)
+        self.squared_errors += weight * error * error
+
+    def merge(self, other: RegressionStats) -> RegressionStats:
+        for name in ("weight", "label_sum", "label_squares", "absolute_errors", "squared_errors"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        if self.weight == 0:
+            return {"rmse": float("nan"), "mae": float("nan"), "r2": float("nan")}
+        total = self.label_squares - self.label_sum**2 / self.weight
+        return {"rmse": float(np.sqrt(self.squared_errors / self.weight)), "mae": self.absolute_errors / self.weight,
+                "r2": 1.0 - self.squared_errors / total if total > 0 else float("nan")}
+
+
+def describe_figures(metrics: Mapping[str, float], kind: str) -> str:
+    """The kind's metrics as 'auc 0.9312, accuracy 0.8710' for logs and messages."""
+    return ", ".join(f"{name} {metrics[name]:.4f}" for name in TASK_METRICS[kind] if name in metrics)

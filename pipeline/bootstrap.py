@@ -45,6 +45,8 @@ MAX_CLASSES = 100
 # quantile buckets keep the outliers from dominating a z-score.
 LONG_TAIL_RATIO = 5.0
 # String labels read as the positive answer of a yes/no question.
+# TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
+MIN_AUC = 0.6
 POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_pb2.BYTES: "strings"}
 
@@ -269,6 +271,17 @@ def schema_anomalies(statistics: dict[str, statistics_pb2.DatasetFeatureStatisti
     return found
 
 
+def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None) -> tuple[dict[str, float], str]:
+    """The evaluation bound a first model must meet to be blessed (and published), with the reason."""
+    if kind != "regression":
+        metric = "AUC" if kind == "binary" else "macro AUC (one-vs-rest)"
+        return {"lower_bound": MIN_AUC}, f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
+    std = label_stats.num_stats.std_dev if label_stats is not None else 0.0
+    bound = float(f"{std:.4g}")
+    return {"upper_bound": bound}, (f"blessed with an eval RMSE of at most {bound:g}, the label's standard deviation "
+                                    "in the training split: what predicting its mean for every row scores")
+
+
 def _scalar(value: Any) -> str:
     """A YAML scalar as written in a flow list: quoted where YAML would read it otherwise (?, -, null)."""
     return yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1]
@@ -276,7 +289,7 @@ def _scalar(value: Any) -> str:
 
 def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: list[str], label_column: str,
                 label_name: str, label: LabelChoice, placements: list[Placement], schema_file: str,
-                command: str) -> str:
+                command: str, bound: tuple[dict[str, float], str] = ({}, "")) -> str:
     """The starter config as YAML, each choice with its reason as a comment."""
     lines = [f"# Written by `{command}`: a starting point to review.",
              f"# The schema ({schema_file}) and this file came from the data; {name}_statistics.html shows it.",
@@ -305,6 +318,10 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
         lines.append(f"  name: {_scalar(label_name)}   # 'label' is a column of the data")
     lines += [f"  column: {_scalar(label_column)}", f"  kind: {label.kind}"]
     lines += [f"  {key}: {_scalar(value)}" for key, value in label.keys.items()]
+    bounds, reason = bound
+    if bounds:
+        lines += ["", "evaluation:", f"  # {reason}"]
+        lines += [f"  {key}: {_scalar(value)}" for key, value in bounds.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -448,9 +465,13 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
     counts = ", ".join(f"{split} {stats.datasets[0].num_examples:,} rows" for split, stats in statistics.items())
     print(f"the schema accepts the data it came from ({counts}): no anomalies", file=out)
 
+    label_stats = next((f for f in statistics["train"].datasets[0].features
+                        if (f.path.step[-1] if f.path.step else f.name) == label), None)
+    bound = blessing_bound(choice.kind, label_stats)
+    print(f"evaluation: {bound[1]}", file=out)
     label_name = next(n for n in ("label", "target", f"{label}_label") if n not in header)
     config = config_text(name, folder.resolve(), markers, marker_notes, label, label_name, choice, placements,
-                         paths[1].name, command)
+                         paths[1].name, command, bound)
     notes = [f"Missing-value markers read as empty cells: {', '.join(repr(m) for m in markers) or 'none'}."]
     page = statistics_html(statistics, f"Statistics of {folder.resolve()}", notes)
     texts = [config, schema_text(schema, folder.resolve(), command), page]

@@ -157,7 +157,12 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         student, teacher = summary.optimization["distilled"], summary.optimization["input"]
         print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
               f"{teacher['parameters']} -> {student['parameters']}", file=out)
-    print(f"  blessed       {summary.blessed}", file=out)
+    if summary.blessed is None:
+        # TFX judges nothing without a threshold; a first run has no baseline to compare with.
+        print("  blessed       not judged: no evaluation bound is set and no blessed baseline exists yet; set "
+              "evaluation.lower_bound (upper_bound for an error such as rmse)", file=out)
+    else:
+        print(f"  blessed       {summary.blessed}", file=out)
     if summary.export:
         from components.exporter.report import table_lines
 

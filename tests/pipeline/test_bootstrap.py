@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
-from tensorflow_metadata.proto.v0 import schema_pb2
+from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline import cli
-from pipeline.bootstrap import _percent, infer_label, propose_markers
+from pipeline.bootstrap import _percent, blessing_bound, infer_label, propose_markers
 from pipeline.config import load_config
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
@@ -50,6 +50,8 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
 
     config = load_config(config_path)
     assert config.data.missing_values == ["NA", "?"]
+    # A first run has no baseline, and TFX blesses nothing without a threshold: the config carries one.
+    assert (config.evaluation.lower_bound, config.evaluation.upper_bound) == (0.6, None)
     assert config.schema_path == str(schema_path)
     assert (config.label.column, config.label.kind, config.label.positive_value) == ("bought", "binary", "yes")
     assert config.data.numeric_features == ["age"]
@@ -136,6 +138,15 @@ def test_the_task_kind_follows_the_label_column(values, schema_type, kind, keys)
     choice = infer_label(_profile(values, empty=1), schema_type, [])
     assert (choice.kind, choice.keys) == (kind, keys)
     assert kind in choice.reason and "y is missing in 1 row" in choice.reason
+
+
+def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
+    assert blessing_bound("binary", None)[0] == {"lower_bound": 0.6}
+    assert blessing_bound("multiclass", None)[0] == {"lower_bound": 0.6}
+    label = statistics_pb2.FeatureNameStatistics(name="y")
+    label.num_stats.std_dev = 54.321987
+    bounds, reason = blessing_bound("regression", label)
+    assert bounds == {"upper_bound": 54.32} and "standard deviation" in reason
 
 
 def test_a_few_gaps_in_many_rows_do_not_read_as_none():

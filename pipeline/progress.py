@@ -24,10 +24,10 @@ class StageProgress:
     """Prints `[i/n] Stage ...` when a node starts and `... done in 12.3s (cached)` when it ends, for the run of
     `pipeline_name` that begins after `track()` is entered."""
 
-    def __init__(self, stages: list[str], out: TextIO = sys.stdout, metadata_path: str = "",
+    def __init__(self, stages: list[str], out: TextIO | None = None, metadata_path: str = "",
                  pipeline_name: str = "", poll_seconds: float = 0.5):
         self.stages = stages
-        self.out = out
+        self.out = out or sys.stdout
         self.metadata_path = metadata_path
         self.pipeline_name = pipeline_name
         self.poll_seconds = poll_seconds

@@ -60,13 +60,14 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
                 lg.addHandler(handler)
 
 
-def run_local(config: PipelineConfig, out: TextIO = sys.stdout, data_only: bool = False) -> RunSummary:
+def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool = False) -> RunSummary:
     """Checks the data, runs every stage (only ExampleGen to Transform when `data_only`) with progress on `out`,
     and returns what the run produced.
 
     Raises DataError (bad folder or CSV, a config that does not fit the schema or the CSV files),
     DataValidationError (schema anomalies) or PipelineError.
     """
+    out = out or sys.stdout  # looked up per call: a default bound at import misses a redirected stdout
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
     from components import artifacts

@@ -59,8 +59,9 @@ def training_spec(config: PipelineConfig, transform: TransformOutput, output_dir
     )
 
 
-def train(config: PipelineConfig, out: TextIO = sys.stdout) -> TrainResult:
+def train(config: PipelineConfig, out: TextIO | None = None) -> TrainResult:
     """Trains on `config.training.workers` workers (local or TFJob) from the latest Transform output."""
+    out = out or sys.stdout
     from components.distributed.executor import run_distributed_training, tfjob_name
 
     transform = latest_transform_output(config)

@@ -237,6 +237,11 @@ def test_wire_value_counts_match_the_parsed_message_for_every_encoding():
     )
     counts = predict_request_input_counts(data, {"s": 100, "f": 100, "i": 100, "big": 1000})
     assert counts == {"s": 5, "f": 7, "i": 6, "big": 300}
+    request = predict_pb2.PredictRequest.FromString(data)  # the request's other fields are not inputs
+    request.model_spec.version.value = 3
+    request.output_filter.append("probabilities")
+    assert predict_request_input_counts(request.SerializeToString(), {"s": 100, "f": 100, "i": 100, "big": 1000}) == {
+        "s": 5, "f": 7, "i": 6, "big": 300}
     packed = predict_pb2.PredictRequest()
     packed.inputs["v"].dtype = types_pb2.DT_INT64
     packed.inputs["v"].int64_val.extend([1, 300, 70000, 2**40])  # varints of 1, 2, 3 and 6 bytes
@@ -269,6 +274,80 @@ def test_wire_value_counts_of_unpacked_values_and_repeated_content():
     assert list(parsed.inputs["u"].int64_val) == [5, 6, 7]
     assert (len(parsed.inputs["p"].float_val), list(parsed.inputs["p"].int64_val)) == (4, [1, 2, 300, 3])
     assert tf.make_ndarray(parsed.inputs["c"]).shape == (4,)
+
+
+def map_entry(name: str, tensor: bytes) -> bytes:
+    """A PredictRequest `inputs` entry, encoded by hand (lengths under 128 and 16384)."""
+    def field(tag: int, value: bytes) -> bytes:
+        length = bytes([len(value)]) if len(value) < 128 else bytes([len(value) & 0x7F | 0x80, len(value) >> 7])
+        return bytes([tag]) + length + value
+
+    return field(0x12, field(0x0A, name.encode()) + field(0x12, tensor))
+
+
+def test_wire_counts_read_every_wire_type_as_the_parser_does():
+    shape_2 = b"\x12\x04\x12\x02\x08\x02"  # tensor_shape {dim {size: 2}}, after the values
+    data = b"".join([
+        map_entry("f", b"\x08\x01" + (b"\x2d" + np.float32(1.5).tobytes()) * 2 + shape_2),  # fixed32 float_val
+        map_entry("d", b"\x08\x02" + (b"\x31" + np.float64(2.5).tobytes()) * 2 + shape_2),  # fixed64 double_val
+        map_entry("i", b"\x08\x09" + b"\x50" + b"\xff" * 9 + b"\x01" + b"\x50\x80\x01"),  # varints of 10, 2 bytes
+        map_entry("s", b"\x08\x07" + b"\x42\x80\x01" + b"x" * 128),  # a string of 128 bytes: length 0x80 0x01
+    ])
+    assert predict_request_input_counts(data, {"f": 9, "d": 9, "i": 9, "s": 9}) == {"f": 2, "d": 2, "i": 2, "s": 1}
+    parsed = predict_pb2.PredictRequest.FromString(data)
+    assert tf.make_ndarray(parsed.inputs["f"]).tolist() == [1.5, 1.5]
+    assert tf.make_ndarray(parsed.inputs["d"]).tolist() == [2.5, 2.5]
+    assert list(parsed.inputs["i"].int64_val) == [-1, 128]
+    assert parsed.inputs["s"].string_val == [b"x" * 128]
+
+
+def inputs_entry(*fields: bytes) -> bytes:
+    """A PredictRequest `inputs` entry made of these encoded fields (each under 128 bytes)."""
+    body = b"".join(fields)
+    return b"\x12" + bytes([len(body)]) + body
+
+
+def key(name: bytes) -> bytes:
+    return b"\x0a" + bytes([len(name)]) + name
+
+
+def value(tensor: bytes) -> bytes:
+    return b"\x12" + bytes([len(tensor)]) + tensor
+
+
+def test_wire_counts_of_every_shape_of_inputs_entry():
+    six = string_tensor([b"x"] * 6, [6]).SerializeToString()
+    data = b"".join([
+        inputs_entry(key(b"k")),  # no value (an empty tensor): nothing to count
+        inputs_entry(value(six)),  # no name: the input named "", refused by name later
+        inputs_entry(key(b"unknown"), value(six)),  # not an input of the signature: refused by name later
+        inputs_entry(key(b"twice"), value(six)),  # sent twice: the parser reads both (and keeps the last)
+        inputs_entry(key(b"twice"), value(six)),
+        inputs_entry(key(b"p"), value(six), b"\x1a\x00"),  # an unknown field: the parser reads it all, then drops it
+    ])
+    parsed = predict_pb2.PredictRequest.FromString(data)
+    assert {name: len(tensor.string_val) for name, tensor in parsed.inputs.items()} == {
+        "k": 0, "": 6, "unknown": 6, "twice": 6}
+    assert predict_request_input_counts(data, {"k": 20, "twice": 20, "p": 20}) == {"unknown": 0, "twice": 12, "p": 6}
+    assert "Input twice carries more than 10 values" in refused(
+        lambda: check_wire_value_counts(data, {"twice": 10, "p": 10}))
+    assert "Input p carries more than 5 values" in refused(lambda: check_wire_value_counts(data, {"p": 5}))
+    # A name that is not UTF-8 (the parser refuses it later) is no input's name.
+    assert predict_request_input_counts(inputs_entry(key(b"\xff"), value(b"")), {"x": 1}) == {"\ufffd": 0}
+
+
+@pytest.mark.parametrize("data,problem", [
+    (map_entry("i", b"\x50" + b"\xff" * 10 + b"\x01"), "varint longer than 10 bytes"),
+    (b"\x1b", "unsupported wire type 3"),  # a group: not in a PredictRequest
+    (b"\x12\x05ab", "length-delimited field runs past its message"),
+    (b"\x09abcd", "field runs past its message"),  # a fixed64 field with 4 of its 8 bytes
+])
+def test_wire_counts_refuse_what_the_parser_refuses(data, problem):
+    with pytest.raises(Exception):  # noqa: B017 - whichever DecodeError the protobuf runtime raises
+        predict_pb2.PredictRequest.FromString(data)
+    assert refused(lambda: check_wire_value_counts(data, {"i": 9})) == (
+        f"The PredictRequest is not a valid protobuf message ({problem})."
+    )
 
 
 def test_wire_value_counts_at_the_limit_pass_and_one_more_is_refused():

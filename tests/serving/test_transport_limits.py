@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 
 import grpc
 import numpy as np
@@ -19,7 +22,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2
 from serving import ServingLimits, grpc_api
 from serving.errors import ServingRequestError
 from serving.grpc_api import PredictionServicer
-from serving.limits import AdmissionControl, max_json_depth, max_json_items
+from serving.limits import AdmissionControl, max_json_items
 from serving.rest_api import RestApi, RestApp, RestServer, bind_socket, leaf_type, parse_json_body
 from serving.servable import ServableVersion, Signature
 
@@ -139,8 +142,10 @@ class HeldPredictor(Predictor):
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.release.set()
+        self.calls: list[tuple[str, list[str]]] = []
 
     async def predict(self, servable_version, signature_name, inputs, transport, output_filter=()):
+        self.calls.append((transport, output_filter))
         await self.release.wait()
         signature = servable_version.signature(signature_name)
         return signature, {"sums": inputs["x"].sum(axis=1)}
@@ -152,7 +157,8 @@ def grpc_calls(limits: ServingLimits, scenario) -> object:
     async def run():
         predictor = HeldPredictor()
         admission = AdmissionControl(limits.max_in_flight_requests, limits.max_in_flight_bytes)
-        server = grpc_api.GrpcServer(Manager(), predictor, admission, limits, "127.0.0.1", 0, 1, None)
+        parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-parser")
+        server = grpc_api.GrpcServer(Manager(), predictor, admission, limits, "127.0.0.1", 0, 1, parser)
         await server.start()
         try:
             options = [("grpc.max_send_message_length", 1 << 24)]
@@ -161,12 +167,14 @@ def grpc_calls(limits: ServingLimits, scenario) -> object:
                 return await scenario(predict, predictor, admission)
         finally:
             await server.stop(0)
+            parser.shutdown()
 
     return asyncio.run(run())
 
 
 def padded_request(size: int) -> bytes:
-    """A one-row PredictRequest of exactly `size` bytes (padded in the model name's version label)."""
+    """A one-row PredictRequest of exactly `size` bytes (padded in model_spec.version_label, which the stand-in
+    manager ignores)."""
     request = predict_pb2.PredictRequest.FromString(grpc_request(1))
     base = len(request.SerializeToString())
     request.model_spec.version_label = "a" * (size - base - 4)  # field tag and a 2-byte length
@@ -179,11 +187,28 @@ def test_a_grpc_message_at_the_byte_limit_is_answered_and_one_byte_more_is_resou
     async def scenario(predict, predictor, admission):
         answer = predict_pb2.PredictResponse.FromString(await predict(padded_request(1000), timeout=10))
         assert tf.make_ndarray(answer.outputs["sums"]).tolist() == [2.0]
+        spec = answer.model_spec
+        assert (spec.name, spec.version.value, spec.signature_name) == ("m", 1, "serving_default")
+        assert predictor.calls == [("grpc", [])]
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await predict(padded_request(1001), timeout=10)
         return error.value.code()
 
     assert grpc_calls(ServingLimits(max_request_bytes=1000), scenario) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_grpc_message_up_to_inline_bytes_is_parsed_on_the_event_loop_and_a_larger_one_on_the_pool(monkeypatch):
+    threads = []
+    real_prepare = PredictionServicer._prepare
+    monkeypatch.setattr(PredictionServicer, "_prepare",
+                        lambda self, data: threads.append(threading.current_thread().name) or real_prepare(self, data))
+
+    async def scenario(predict, predictor, admission):
+        await predict(padded_request(300), timeout=10)
+        await predict(padded_request(301), timeout=10)
+
+    grpc_calls(ServingLimits(inline_bytes=300), scenario)
+    assert threads[0] == threading.current_thread().name and threads[1].startswith("request-parser")
 
 
 def test_grpc_calls_past_the_in_flight_bound_get_unavailable_and_every_slot_is_given_back():
@@ -236,13 +261,17 @@ def asgi_exchange(app: RestApp, method: str, chunks: list[bytes], length: int | 
     """(status, headers, JSON body, messages the app received) for one request whose body arrives in `chunks`.
 
     `length` None sends it chunked. After the last chunk the client waits (`then="wait"`) or goes away
-    ("disconnect"); a last chunk of None means the client stops sending without finishing the body.
+    ("disconnect"); a chunk of None means the client stops sending there without finishing the body.
     """
     headers = [(b"host", b"x")]
     headers.append((b"transfer-encoding", b"chunked") if length is None else (b"content-length", str(length).encode()))
     scope = {"type": "http", "method": method, "raw_path": path.encode(), "headers": headers}
-    messages = [{"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1 or chunk is None}
-                for index, chunk in enumerate(chunks) if chunk is not None]
+    messages = []
+    for index, chunk in enumerate(chunks):
+        more = index < len(chunks) - 1
+        if chunk is not None:  # ASGI leaves out an empty body and a false more_body
+            messages.append({"type": "http.request", **({"body": chunk} if chunk else {}),
+                             **({"more_body": True} if more else {})})
     received = []
     sent = []
 
@@ -260,7 +289,8 @@ def asgi_exchange(app: RestApp, method: str, chunks: list[bytes], length: int | 
 
     asyncio.run(app(scope, receive, send))
     start, body = sent
-    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, json.loads(body["body"]), len(received)
+    headers = {name.decode(): value.decode() for name, value in start["headers"]}
+    return start["status"], headers, json.loads(body["body"]), len(received)
 
 
 def test_rest_body_at_the_byte_limit_is_read_and_one_more_byte_refused_unread():
@@ -272,8 +302,13 @@ def test_rest_body_at_the_byte_limit_is_read_and_one_more_byte_refused_unread():
     assert answer["error"] == (
         "Request of 101 bytes is over the limit of 100 bytes; send fewer examples per request."
     )
-    # Status requests are held to the same limit.
+    # Status requests are held to the same limit, and their bodies read the same way.
     assert asgi_exchange(app, "GET", [b""], length=101, path="/v1/models/m")[0] == 413
+    status, headers, answer, _ = asgi_exchange(app, "GET", [b"ab", None], length=3, path="/v1/models/m",
+                                               then="disconnect")
+    assert (status, headers["connection"]) == (400, "close")
+    status, _, answer, _ = asgi_exchange(app, "GET", [b"ab"], length=3, path="/v1/models/m")
+    assert (status, answer["error"]) == (400, "The body has 2 bytes but Content-Length says 3.")
 
 
 def test_a_chunked_rest_body_at_the_byte_limit_is_read_and_one_more_byte_refused():
@@ -297,8 +332,9 @@ def test_rest_requests_past_the_in_flight_bound_get_503_while_status_is_still_an
     assert (status, headers["retry-after"], reads) == (503, "1", 1)  # the small body is drained: keep-alive
     assert "connection" not in headers
     assert answer["error"] == "Server is overloaded: 2 requests in flight, the limit is 2; retry with backoff."
-    status, _, answer, _ = asgi_exchange(app, "GET", [b""], length=0, path="/v1/models/m")
+    status, headers, answer, _ = asgi_exchange(app, "GET", [b""], length=0, path="/v1/models/m")
     assert (status, answer["method"], answer["in_flight"]) == (200, "GET", [2, 20])
+    assert "connection" not in headers
 
 
 def test_a_chunked_rest_body_is_admitted_as_it_grows_up_to_the_in_flight_byte_bound():
@@ -340,10 +376,10 @@ def test_rest_paths_outside_the_api_get_404():
 
 def test_rest_json_limits_are_those_of_the_most_permissive_signature():
     api = RestApi(Manager(), Predictor(), None, inline_bytes=1 << 20)
-    wide, default = MODEL.signatures["wide"].inputs, MODEL.signatures["serving_default"].inputs
-    expected = (max(max_json_items(wide, MAX_BATCH), max_json_items(default, MAX_BATCH)), max_json_depth(default))
-    assert api._json_limits(MODEL) == expected == (3 * 12 + 2 * 4 + 64, 5)
-    assert api._json_limits(MODEL) is api._json_limits(MODEL)  # worked out once per loaded version
+    # "wide" holds the most values (4 x 5), "deep" the deepest input (rank 3): a body may need either.
+    two = servable(wide={"x": info([-1, 5])}, deep={"x": info([-1, 1, 1])})
+    assert api._json_limits(two) == (max_json_items({"x": info([-1, 5])}, MAX_BATCH), 3 + 3) == (3 * 20 + 8 + 64, 6)
+    assert api._json_limits(two) is api._json_limits(two)  # worked out once per loaded version
 
 
 def raw_http(limits: ServingLimits, request: bytes, idle_connections: int = 0) -> tuple[int, dict]:
@@ -367,7 +403,10 @@ def raw_http(limits: ServingLimits, request: bytes, idle_connections: int = 0) -
                 idle_writer.close()
             await server.stop()
         head, _, body = received.partition(b"\r\n\r\n")
-        return int(head.split()[1]), json.loads(body)
+        status_line, _, _ = head.partition(b"\r\n")
+        _, code, reason = status_line.decode().split(" ", 2)
+        assert reason == HTTPStatus(int(code)).phrase  # e.g. "431 Request Header Fields Too Large"
+        return int(code), json.loads(body)
 
     return asyncio.run(exchange())
 
@@ -430,6 +469,9 @@ def test_json_integers_at_the_int32_bounds_are_accepted_and_one_past_refused():
     assert convert_refused(types_pb2.DT_INT32, -(2**31) - 1) == "JSON Value: -2147483649 is out of range for int32"
     assert convert_refused(types_pb2.DT_INT32, 1.5) == "JSON Value: 1.5 Type: Number is not of expected type: int32"
     assert convert_refused(types_pb2.DT_INT32, True) == "JSON Value: true Type: Bool is not of expected type: int32"
+    assert convert_refused(types_pb2.DT_INT32, float("nan")) == (
+        "JSON Value: NaN Type: Number is not of expected type: int32"
+    )
 
 
 def test_json_values_of_other_types_are_converted_or_refused_by_type():
@@ -456,8 +498,14 @@ def test_float_columns_at_the_float32_range_are_accepted_and_just_outside_refuse
     for outside in (JUST_OVER_FLOAT32, -JUST_OVER_FLOAT32, -(10**39)):
         with pytest.raises(ValueError, match="out of range for float"):
             leaf.fast_column([1.0] * (count - 1) + [outside])
-    # An integer too large for any float: left to the value-by-value path, which says which value it is.
-    assert count <= 64 or leaf.fast_column([1.0] * (count - 1) + [10**400]) is None
+    # An integer too large for any float: refused among a few values, left to the value-by-value path (which
+    # says which value it is) among many.
+    too_large = [1.0] * (count - 1) + [10**400]
+    if count <= 64:
+        with pytest.raises(ValueError, match="out of range for float"):
+            leaf.fast_column(too_large)
+    else:
+        assert leaf.fast_column(too_large) is None
 
 
 def test_int_columns_at_the_int32_bounds_are_converted_in_one_call_and_one_past_left_to_each_value():
@@ -478,6 +526,9 @@ def test_columns_of_strings_and_bools_are_converted_in_one_call_and_mixed_ones_l
     assert leaf_type(types_pb2.DT_BOOL).fast_column([True, 1]) is None
     assert leaf_type(types_pb2.DT_FLOAT).fast_column([]) is None
     assert leaf_type(types_pb2.DT_FLOAT).fast_column([1.0, "a"]) is None
+    assert leaf_type(types_pb2.DT_FLOAT).fast_column(["a"]) is None
+    assert leaf_type(types_pb2.DT_STRING).fast_column([1]) is None
+    assert leaf_type(types_pb2.DT_INT32).fast_column([True]) is None
 
 
 def test_json_number_literals_up_to_the_double_range_parse_and_larger_ones_are_refused():

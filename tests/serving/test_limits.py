@@ -408,6 +408,7 @@ JSON_BODIES = [
     json.dumps({"s": ['a,b[c]{d}', 'quote " and \\ backslash, [', "\\\\", "]]]"], "n": [[1, 2], [3, [4]]]}).encode(),
     b'{"instances": [' + b", ".join([b'{"a": "x,y", "b": [1.5, 2]}'] * 50) + b"]}",
     b"[" * 40 + b'"}"' + b"]" * 40,
+    b'"a bare string, [not] {nested}"',  # depth 0
 ]
 
 

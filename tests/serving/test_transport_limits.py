@@ -387,7 +387,14 @@ def raw_http(limits: ServingLimits, request: bytes, idle_connections: int = 0) -
 
     async def exchange() -> tuple[int, dict]:
         admission = AdmissionControl(4, 1000)
-        server = RestServer(RestApp(EchoApi(admission), limits, admission), bind_socket("127.0.0.1", 0), limits)
+        app = RestApp(EchoApi(admission), limits, admission)
+
+        async def asgi(scope, receive, send) -> None:
+            # uvicorn probes an app object by calling it without arguments; under mutmut's trampolines a RestApp
+            # would answer with a coroutine, so it is handed a plain coroutine function.
+            await app(scope, receive, send)
+
+        server = RestServer(asgi, bind_socket("127.0.0.1", 0), limits)
         await server.start()
         idle = []
         try:

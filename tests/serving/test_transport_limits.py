@@ -258,7 +258,7 @@ def rest_app(admission: AdmissionControl | None = None, **limits) -> RestApp:
 
 def asgi_exchange(app: RestApp, method: str, chunks: list[bytes], length: int | None = None, path: str = PREDICT,
                   then: str = "wait") -> tuple[int, dict[str, str], dict, int]:
-    """(status, headers, JSON body, messages the app received) for one request whose body arrives in `chunks`.
+    """(status, headers, JSON body, times the app called receive) for one request whose body arrives in `chunks`.
 
     `length` None sends it chunked. After the last chunk the client waits (`then="wait"`) or goes away
     ("disconnect"); a chunk of None means the client stops sending there without finishing the body.
@@ -276,11 +276,10 @@ def asgi_exchange(app: RestApp, method: str, chunks: list[bytes], length: int | 
     sent = []
 
     async def receive():
+        received.append(1)
         if messages:
-            received.append(1)
             return messages.pop(0)
         if then == "disconnect":
-            received.append(1)
             return {"type": "http.disconnect"}
         await asyncio.sleep(3600)
 
@@ -296,7 +295,8 @@ def asgi_exchange(app: RestApp, method: str, chunks: list[bytes], length: int | 
 def test_rest_body_at_the_byte_limit_is_read_and_one_more_byte_refused_unread():
     app = rest_app()
     status, headers, answer, _ = asgi_exchange(app, "POST", [b"a" * 100], length=100)
-    assert (status, answer["body"]) == (200, "a" * 100) and "connection" not in headers
+    assert (status, answer["method"], answer["path"], answer["body"]) == (200, "POST", PREDICT, "a" * 100)
+    assert "connection" not in headers
     status, headers, answer, reads = asgi_exchange(app, "POST", [b"a" * 101], length=101)
     assert (status, headers["connection"], reads) == (413, "close", 0)
     assert answer["error"] == (
@@ -352,23 +352,25 @@ def test_a_chunked_rest_body_is_admitted_as_it_grows_up_to_the_in_flight_byte_bo
 
 def test_a_rest_body_that_stops_arriving_gets_408_and_one_cut_short_gets_400():
     app = rest_app(body_timeout_s=0.05)
-    status, headers, answer, _ = asgi_exchange(app, "POST", [b"{", None], length=5)
-    assert (status, headers["connection"]) == (408, "close")
+    status, headers, answer, reads = asgi_exchange(app, "POST", [b"{", None], length=5)
+    assert (status, headers["connection"], reads) == (408, "close", 2)  # answered at once, not after another wait
     assert answer["error"] == (
         "The request body did not arrive within 0.05 s; send it faster or in a smaller request."
     )
-    status, headers, answer, _ = asgi_exchange(app, "POST", [b"{", None], length=5, then="disconnect")
-    assert (status, headers["connection"]) == (400, "close")
+    status, headers, answer, reads = asgi_exchange(app, "POST", [b"{", None], length=5, then="disconnect")
+    assert (status, headers["connection"], reads) == (400, "close", 2)
     assert answer["error"] == "The client closed the connection before sending the whole body."
-    status, _, answer, _ = asgi_exchange(app, "POST", [b"{}"], length=5)
-    assert (status, answer["error"]) == (400, "The body has 2 bytes but Content-Length says 5.")
+    status, headers, answer, reads = asgi_exchange(app, "POST", [b"{}"], length=5)
+    assert (status, headers["connection"], reads) == (400, "close", 1)
+    assert answer["error"] == "The body has 2 bytes but Content-Length says 5."
     assert (app.admission.requests, app.admission.bytes) == (0, 0)
 
 
 def test_rest_paths_outside_the_api_get_404():
     app = rest_app()
-    status, _, answer, _ = asgi_exchange(app, "GET", [b""], length=0, path="/v2/models/m")
+    status, headers, answer, _ = asgi_exchange(app, "GET", [b""], length=0, path="/v2/models/m")
     assert (status, answer["error"]) == (404, "Unknown path /v2/models/m; the API lives under /v1/models/.")
+    assert "connection" not in headers  # the connection serves the next request
     assert asgi_exchange(app, "GET", [b""], length=0, path="/V1/models/m")[:3:2] == (
         200, {"method": "GET", "path": "/V1/models/m", "body": "", "in_flight": [0, 0]}
     )

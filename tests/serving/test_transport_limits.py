@@ -143,9 +143,12 @@ class HeldPredictor(Predictor):
         self.release = asyncio.Event()
         self.release.set()
         self.calls: list[tuple[str, list[str]]] = []
+        self.failure: Exception | None = None
 
     async def predict(self, servable_version, signature_name, inputs, transport, output_filter=()):
         self.calls.append((transport, output_filter))
+        if self.failure is not None:
+            raise self.failure
         await self.release.wait()
         signature = servable_version.signature(signature_name)
         return signature, {"sums": inputs["x"].sum(axis=1)}
@@ -189,7 +192,9 @@ def test_a_grpc_message_at_the_byte_limit_is_answered_and_one_byte_more_is_resou
         assert tf.make_ndarray(answer.outputs["sums"]).tolist() == [2.0]
         spec = answer.model_spec
         assert (spec.name, spec.version.value, spec.signature_name) == ("m", 1, "serving_default")
-        assert predictor.calls == [("grpc", [])]
+        answer = predict_pb2.PredictResponse.FromString(await predict(grpc_request(1, "wide", 3), timeout=10))
+        assert (answer.model_spec.signature_name, tf.make_ndarray(answer.outputs["sums"]).tolist()) == ("wide", [3.0])
+        assert predictor.calls == [("grpc", []), ("grpc", [])]
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await predict(padded_request(1001), timeout=10)
         return error.value.code()
@@ -209,6 +214,19 @@ def test_a_grpc_message_up_to_inline_bytes_is_parsed_on_the_event_loop_and_a_lar
 
     grpc_calls(ServingLimits(inline_bytes=300), scenario)
     assert threads[0] == threading.current_thread().name and threads[1].startswith("request-parser")
+
+
+def test_an_internal_error_in_a_grpc_call_is_internal_and_logged_with_the_method(caplog):
+    async def scenario(predict, predictor, admission):
+        predictor.failure = RuntimeError("the model broke")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await predict(grpc_request(1), timeout=10)
+        return error.value.code(), error.value.details(), (admission.requests, admission.bytes)
+
+    code, details, in_flight = grpc_calls(ServingLimits(), scenario)
+    assert (code, in_flight) == (grpc.StatusCode.INTERNAL, (0, 0))
+    assert details == "Internal error: the model broke"
+    assert [r.getMessage() for r in caplog.records if r.name == "serving.grpc_api"] == ["internal error in Predict"]
 
 
 def test_grpc_calls_past_the_in_flight_bound_get_unavailable_and_every_slot_is_given_back():

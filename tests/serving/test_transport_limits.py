@@ -43,9 +43,9 @@ def servable(**signature_inputs: dict) -> ServableVersion:
     return ServableVersion("m", 1, "", get_model_metadata_pb2.SignatureDefMap(), signatures, None)
 
 
-# x: two floats per example; s: one string per example. "wide" takes three floats per example.
-MODEL = servable(serving_default={"x": info([-1, 2]), "s": info([-1], types_pb2.DT_STRING)},
-                 wide={"x": info([-1, 3])})
+# x: two floats per example; s: one string per example. "wide", listed first, takes three floats per example.
+MODEL = servable(wide={"x": info([-1, 3])},
+                 serving_default={"x": info([-1, 2]), "s": info([-1], types_pb2.DT_STRING)})
 
 
 class Manager:
@@ -128,6 +128,13 @@ def test_grpc_inputs_are_checked_against_the_signature_by_name_and_dtype():
     assert grpc_refused(request.SerializeToString()) == "Expects arg[x] to be float but double is provided"
     request.inputs["x"].dtype = types_pb2.DT_INVALID
     assert grpc_refused(request.SerializeToString()) == "Expects arg[x] to be float but an unset dtype is provided"
+
+
+def test_a_grpc_tensor_that_fits_its_shape_but_is_no_array_is_invalid_argument():
+    request = predict_pb2.PredictRequest.FromString(grpc_request(1))
+    request.inputs["s"].ClearField("string_val")
+    request.inputs["s"].tensor_content = bytes(8)  # strings as raw bytes: the size of one object, but no string
+    assert grpc_refused(request.SerializeToString()).startswith("Input s is not a valid TensorProto: ")
 
 
 @pytest.mark.parametrize("wire_check_bytes", [0, 1 << 20])

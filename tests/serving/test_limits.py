@@ -437,3 +437,16 @@ def test_sizing_up_a_body_of_millions_of_strings_needs_little_memory():
     finally:
         tracemalloc.stop()
     assert peak < len(body) // 4, peak  # scratch for one chunk, whatever the number of strings
+
+
+def test_measuring_the_nesting_of_millions_of_brackets_needs_little_scratch():
+    import tracemalloc
+
+    skeleton = b"[]" * 4_000_000  # 8 MB of brackets
+    tracemalloc.start()
+    try:
+        assert json_nesting_depth(skeleton) == 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(skeleton), peak  # the brackets once, and scratch for one chunk

@@ -27,7 +27,7 @@ help:
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
-	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~40 min)"
+	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~80 min)"
 	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)

@@ -96,7 +96,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         try:  # gRPC itself refuses messages over max_request_bytes (RESOURCE_EXHAUSTED)
             self.admission.admit(len(data))
         except ServingRequestError as e:
-            await context.abort(*_status_of(e, "Predict"))
+            await context.abort(e.code, e.message)
         try:
             if len(data) > self.inline_bytes:  # a large message is sized up and parsed off the event loop
                 prepared = await asyncio.get_running_loop().run_in_executor(self.parser, self._prepare, data)

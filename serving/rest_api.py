@@ -478,14 +478,14 @@ class RestApp:
         length, chunked = _body_framing(scope["headers"])
         body_pending = chunked or length > 0
         try:
-            status, payload, close = await self._answer(method, raw_path, length, chunked, receive)
+            status, payload, close = await self._answer(method, raw_path, length, receive)
         except _EarlyAnswer as e:
             status, payload, close = e.status, {"error": e.message}, e.close
             if body_pending and not close and not await self._drained(receive, length, chunked):
                 close = True
         await _send_json(send, status, payload, close)
 
-    async def _answer(self, method, raw_path, length, chunked, receive) -> tuple[int, dict, bool]:
+    async def _answer(self, method, raw_path, length, receive) -> tuple[int, dict, bool]:
         if not raw_path.lower().startswith("/v1/"):
             raise _EarlyAnswer(404, f"Unknown path {raw_path}; the API lives under /v1/models/.", close=False)
         try:
@@ -493,7 +493,7 @@ class RestApp:
         except ServingRequestError as e:
             raise _EarlyAnswer(413, e.message, close=True) from e
         if method != "POST":  # status and metadata: cheap, and answered even when predictions are overloaded
-            body = await self._read_body(receive, length, chunked, None)
+            body = await self._read_body(receive, length, None)
             status, payload = await self.api.handle(method, raw_path, body)
             return status, payload, False
         try:
@@ -502,13 +502,13 @@ class RestApp:
             raise _EarlyAnswer(e.http_status, e.message, close=False) from e
         reservation = [length]  # grows with a chunked body
         try:
-            body = await self._read_body(receive, length, chunked, reservation)
+            body = await self._read_body(receive, length, reservation)
             status, payload = await self.api.handle(method, raw_path, body)
             return status, payload, False
         finally:
             self.admission.release(reservation[0])
 
-    async def _read_body(self, receive, length: int, chunked: bool, reservation: list[int] | None) -> bytes:
+    async def _read_body(self, receive, length: int, reservation: list[int] | None) -> bytes:
         """The whole body within `body_timeout_s`, never more than `max_request_bytes` (chunked bodies too).
 
         `reservation` holds the bytes admitted for this request; a chunked body's bytes are admitted as they come.

@@ -271,6 +271,23 @@ def test_max_output_difference_is_relative_only_for_a_regression_value():
     assert max_output_difference("binary", outputs, reference) == pytest.approx(0.02)
 
 
+def test_a_regression_value_under_one_compares_absolutely():
+    # |value| < 1 divides by 1, not by the value: 0.5 -> 0.6 differs by 0.1 whatever the denominator floor would hide.
+    assert max_output_difference("regression", np.array([0.6]), np.array([0.5])) == pytest.approx(0.1)
+
+
+def test_outputs_are_compared_row_by_row_in_the_reference_shape():
+    # A TFLite or ONNX answer of shape [rows, 1] against a SavedModel's [rows]: no broadcasting into every pair.
+    reference = np.array([0.1, 0.9, 0.5])
+    assert max_output_difference("binary", reference.reshape(3, 1), reference) == 0.0
+    assert max_output_difference("multiclass", np.array([[0.2, 0.8], [0.6, 0.4]]),
+                                 np.array([[0.2, 0.8], [0.5, 0.5]])) == pytest.approx(0.1)
+
+
+def test_no_rows_differ_by_nothing():
+    assert max_output_difference("binary", np.zeros(0), np.zeros(0)) == 0.0
+
+
 def test_regression_figures_of_constant_labels_and_of_weighted_rows():
     # Every label the same: R² is undefined (NaN), RMSE and MAE are not.
     constant = task_metrics("regression", np.array([1.0, 3.0]), np.array([2.0, 2.0]))

@@ -47,7 +47,6 @@ from serving.model_repository import (
     RepositoryError,
     build_manifest,
     check_version,
-    content_digest,
     is_saved_model_dir,
     manifest_bytes,
     manifest_entry,
@@ -317,16 +316,6 @@ class GcsModelRepository(RepositoryBase):
 
     def _manifest(self, model_name: str, version: int) -> dict[str, Mapping[str, object]]:
         return json.loads(self.read_version_file(model_name, version, MANIFEST_FILE))["files"]
-
-    def version_with_content(self, model_name: str, digest: str) -> int | None:
-        for version in reversed(self.versions(model_name)):
-            try:
-                files = self._manifest(model_name, version)
-            except (OSError, ValueError, KeyError):
-                continue
-            if content_digest(files) == digest:
-                return version
-        return None
 
     def verify(self, model_name: str, version: int) -> ChecksumCheck:
         """Compares the version's objects with its manifest: sizes and GCS's md5 from one listing; a file whose md5

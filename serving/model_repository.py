@@ -222,7 +222,14 @@ class RepositoryBase:
 
     def version_with_content(self, model_name: str, digest: str) -> int | None:
         """The published version whose model files have `digest` (see content_digest), if any."""
-        raise NotImplementedError
+        for version in reversed(self.versions(model_name)):
+            try:
+                files = json.loads(self.read_version_file(model_name, version, MANIFEST_FILE))["files"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if content_digest(files) == digest:
+                return version
+        return None
 
     def verify(self, model_name: str, version: int) -> ChecksumCheck:
         """Checks a published version's files against its manifest."""
@@ -479,18 +486,6 @@ class ModelRepository(RepositoryBase):
             if record is not None:
                 (staged.path / PUBLICATION_FILE).write_bytes(publication_bytes(model_name, staged.version, record))
         return staged.version
-
-    def version_with_content(self, model_name: str, digest: str) -> int | None:
-        """The published version whose model files have `digest` (see content_digest), if any."""
-        for version in reversed(self.versions(model_name)):
-            manifest_path = self.version_dir(model_name, version) / MANIFEST_FILE
-            try:
-                files = json.loads(manifest_path.read_text())["files"]
-            except (OSError, ValueError, KeyError):
-                continue
-            if content_digest(files) == digest:
-                return version
-        return None
 
     def verify(self, model_name: str, version: int) -> ChecksumCheck:
         """Checks a published version's files against its manifest."""

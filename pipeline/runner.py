@@ -71,6 +71,10 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
     try:
         with _stderr_to_file(log_path):
             yield
+    except Exception:
+        # The console gets one sentence from the caller; the log keeps the whole traceback.
+        logging.getLogger(__name__).exception("stopped by an error")
+        raise
     finally:
         root.removeHandler(file_handler)
         file_handler.close()

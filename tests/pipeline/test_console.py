@@ -33,7 +33,7 @@ def mlops(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_successful_run_prints_only_its_stages_and_summary_and_logs_the_rest(taxi_slice, tmp_path):
-    # Multi-processing: Beam's worker processes, each importing TensorFlow, are where most of the noise came from.
+    # Multi-processing: Beam's worker processes, each importing TensorFlow, print on the fd 2 they inherit.
     overrides = small_overrides(taxi_slice, tmp_path, "beam.direct_running_mode=multi_processing",
                                 "beam.direct_num_workers=1")
     result = mlops("run", "--data-only", *as_cli_flags(overrides))
@@ -67,4 +67,6 @@ def test_a_failing_run_still_prints_its_error_sentence(taxi_slice, tmp_path):
     assert re.search(r"\[\d+/\d+\] \w+ FAILED", result.stdout)
     for text in (result.stdout, result.stderr):
         assert not [word for word in NOISE if word in text], text
+    log = Path(re.search(CONSOLE_LINES[1], result.stdout)["log"]).read_text()
+    assert re.search(r"Traceback \(most recent call last\):(.|\n)*DataValidationError: ", log)
 

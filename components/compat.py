@@ -3,6 +3,9 @@
 - Keras 2: TFX 1.16's Trainer, tensorflow-model-optimization and the converters need `tf_keras`; TensorFlow reads
   TF_USE_LEGACY_KERAS once, at its import, so `select_legacy_keras` runs before anything imports TensorFlow
   (components/__init__.py calls it).
+- TensorFlow's C++ log: TensorFlow reads TF_CPP_MIN_LOG_LEVEL once, at its import, and worker processes inherit it.
+  The `mlops` command calls `select_native_log_level` before any import of TensorFlow; `mlops run` points fd 2,
+  where those lines go, at its log (pipeline/runner.py).
 - AutoGraph: TF 2.16 tells AutoGraph to leave `keras` alone but not `tf_keras`, so every first `model.fit`
   re-transpiles Keras' own training loop (about a minute on 2 cores). The rule that skips it lives in a private
   module; when that module changes, training still works, only slower, and a warning says so.
@@ -13,11 +16,19 @@ import logging
 import os
 
 LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
+NATIVE_LOG_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 
 
 def select_legacy_keras() -> None:
     """Makes `tf.keras` mean tf_keras (Keras 2) for this process and the processes it starts."""
     os.environ.setdefault(LEGACY_KERAS_VARIABLE, "1")
+
+
+def select_native_log_level(into_log: bool) -> None:
+    """Sets the level of TensorFlow's C++ log for this process and the processes it starts (a user's own wins):
+    warnings and errors where they go to a log (INFO is oneDNN and CPU-feature notices at every import), nothing
+    where they would reach the console (CUDA plug-in registration errors on every machine without a GPU)."""
+    os.environ.setdefault(NATIVE_LOG_LEVEL_VARIABLE, "1" if into_log else "3")
 
 
 def skip_autograph_for_tf_keras() -> bool:

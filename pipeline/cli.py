@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
+import logging
 import shlex
 import sys
 import time
-import warnings
 
+from components.compat import select_native_log_level
 from pipeline.config import ConfigError, load_config
 from serving import cli as serving_cli
 from serving.rollout import cli as rollout_cli
@@ -39,6 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    _unraisable_to(summary.log_path)
     if args.serve_after and not args.data_only:
         if not summary.pushed_path:
             print("nothing was published (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
@@ -49,6 +50,24 @@ def _run(args: argparse.Namespace) -> int:
         print("\nserving the model repository's stable version locally (TF Serving's REST and gRPC APIs)")
         serve_and_predict(config.serving_base_dir, config.model_name, first_eval_row(config))
     return 0
+
+
+def _unraisable_to(log_path: str) -> None:
+    """Sends what Python can only print ("Exception ignored in: ...") to the run's log from now on: TensorFlow's
+    function objects that outlive the run fail in their finalizers at interpreter exit, after the log is closed."""
+    def to_log(unraisable, sys=sys, default=sys.__unraisablehook__, open=open) -> None:
+        # Bound as defaults: at interpreter exit this module's globals may already be gone.
+        with open(log_path, "a") as log:
+            console, sys.stderr = sys.stderr, log
+            try:
+                default(unraisable)
+            finally:
+                sys.stderr = console
+
+    # A host with a hook of its own (a test runner) keeps it.
+    if sys.unraisablehook is sys.__unraisablehook__ or getattr(sys.unraisablehook, "__qualname__", "").startswith(
+            _unraisable_to.__qualname__):
+        sys.unraisablehook = to_log
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -195,12 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # TensorFlow's C++ start-up chatter (CUDA plug-in registration on CPU machines) hides the stage lines.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # Beam worker processes inherit this: their library warnings belong in the log, not on the console.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    warnings.simplefilter("ignore")
     args = build_parser().parse_args(argv)
+    select_native_log_level(into_log=args.command == "run")
+    # Library warnings go through logging: into a run's log (pipeline/runner.py), and nowhere outside a run.
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").addHandler(logging.NullHandler())
     try:
         code = args.handler(args)
         # Collect TensorFlow's function objects while modules still exist, not at interpreter shutdown.

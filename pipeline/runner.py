@@ -31,8 +31,30 @@ def _find_cause(error: BaseException, kind: type) -> BaseException | None:
 
 
 @contextlib.contextmanager
+def _stderr_to_file(log_path: str) -> Iterator[None]:
+    """Points file descriptor 2 at the log: TensorFlow's C++ log, tracebacks that Beam's worker processes print and
+    Python's warnings all write there, from this process and the processes it starts."""
+    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
+        if stream is not None:
+            stream.flush()
+    console = os.dup(2)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        yield
+    finally:
+        for stream in (sys.stderr, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        os.dup2(console, 2)
+        os.close(console)
+
+
+@contextlib.contextmanager
 def _logs_to_file(log_path: str) -> Iterator[None]:
-    """Everything TFX, Beam and TF log goes to the run's log file; the console shows only the stages."""
+    """Everything TFX, Beam and TF log or print on stderr goes to the run's log file; the console shows only the
+    stages (the caller prints errors after this returns)."""
     file_handler = logging.FileHandler(log_path)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -47,7 +69,12 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
         for handler in list(lg.handlers):
             lg.removeHandler(handler)
     try:
-        yield
+        with _stderr_to_file(log_path):
+            yield
+    except Exception:
+        # The console gets one sentence from the caller; the log keeps the whole traceback.
+        logging.getLogger(__name__).exception("stopped by an error")
+        raise
     finally:
         root.removeHandler(file_handler)
         file_handler.close()
@@ -68,14 +95,11 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     DataValidationError (schema anomalies) or PipelineError.
     """
     out = out or sys.stdout  # looked up per call: a default bound at import misses a redirected stdout
-    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
-
-    from components import artifacts
     from components.gates.anomalies import DataValidationError
-    from pipeline.pipeline import create_pipeline
 
     files = None
-    if artifacts.is_uri(config.data.path):
+    # components.artifacts.is_uri's test, without importing TensorFlow before fd 2 is the log.
+    if "://" in config.data.path:
         # ExampleGen reads it through Beam; a bad file fails that stage with its name.
         source = f"CSV files from {config.data.path}"
     else:
@@ -93,6 +117,11 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     progress = None
     try:
         with _logs_to_file(log_path):
+            # Importing TensorFlow prints C++ log lines: here they land in the log.
+            from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+            from pipeline.pipeline import create_pipeline
+
             tfx_pipeline = create_pipeline(config, data_only=data_only)
             stages = [node.id for node in tfx_pipeline.components]
             progress = StageProgress(stages, out, os.path.abspath(config.metadata_path), config.name)
@@ -112,6 +141,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
     summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
     summary.elapsed_seconds = round(progress.elapsed(), 2)
+    summary.log_path = log_path
     report_dir = os.path.join(config.output_root, "runs", summary.run_id)
     json_path, html_path = write_report(summary, report_dir)
     if data_only:

@@ -28,6 +28,7 @@ class RunSummary:
     cached_stages: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
+    log_path: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

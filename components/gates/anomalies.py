@@ -5,8 +5,6 @@ from dataclasses import dataclass
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
-from components import artifacts
-
 
 @dataclass(frozen=True)
 class Anomaly:
@@ -33,6 +31,9 @@ class DataValidationError(RuntimeError):
 
 def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
     """Every anomaly ExampleValidator wrote under `anomalies_uri`, one entry per split and feature."""
+    # Imported here: artifacts imports TensorFlow, and the CLI imports this module before a run diverts fd 2.
+    from components import artifacts
+
     found = []
     for split in split_names:
         path = artifacts.join(artifacts.split_uri(anomalies_uri, split), artifacts.SCHEMA_DIFF_FILE)

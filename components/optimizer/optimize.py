@@ -78,7 +78,7 @@ def evaluate(
     labels, outputs = [], []
     for features, label in dataset:
         prediction = model(features, training=False).numpy()
-        outputs.append(prediction.reshape(len(prediction), -1))
+        outputs.append(prediction)
         labels.append(np.reshape(label.numpy(), -1))
     if not labels:
         raise ValueError("the evaluation data is empty; check the eval split of the transformed examples.")
@@ -90,7 +90,7 @@ def evaluate(
     if kind == "multiclass" and np.unique(y).size < 2:
         raise ValueError(f"the evaluation data holds only one class (id {int(y[0])}), so the macro AUC is undefined; "
                          "check the eval split and the label settings.")
-    return {**task_metrics(kind, p if kind == "multiclass" else p.reshape(-1), y), "rows": int(y.size)}
+    return {**task_metrics(kind, p, y), "rows": int(y.size)}
 
 
 def pruning_gate(before: float, after: float, max_degradation: float, higher_is_better: bool = True

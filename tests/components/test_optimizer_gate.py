@@ -5,7 +5,7 @@ test_optimizer.py drives the same gate through a real pruned model and the execu
 import numpy as np
 import pytest
 import tensorflow as tf
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import log_loss, roc_auc_score
 
 from components.optimizer.optimize import _pruning_schedule, evaluate, pruning_gate
 
@@ -96,3 +96,47 @@ def test_evaluate_refuses_data_that_cannot_give_an_auc(sigmoid_model):
     with pytest.raises(ValueError) as error:
         evaluate(sigmoid_model, eval_batches([1.0, 2.0], [1, 0]).take(0))
     assert str(error.value) == ("the evaluation data is empty; check the eval split of the transformed examples.")
+
+
+@pytest.fixture(scope="module")
+def softmax_model():
+    """Three classes whose probabilities are softmax(x) of a three-value input."""
+    inputs = {"x": tf.keras.Input(shape=(3,), name="x")}
+    output = tf.keras.layers.Dense(3, activation="softmax", use_bias=False, kernel_initializer="identity")(inputs["x"])
+    return tf.keras.Model(inputs, output)
+
+
+def class_batches(logits, labels, batch_size=4):
+    return tf.data.Dataset.from_tensor_slices(
+        ({"x": np.array(logits, np.float32)}, np.array(labels, np.int64)[:, None])).batch(batch_size)
+
+
+def test_evaluate_gives_the_multiclass_figures_of_every_row(softmax_model):
+    logits = [[2, 0, 0], [0, 2, 0], [0, 0, 2], [1, 0.5, 0], [0, 1, 1.5], [0.2, 0.1, 0], [0, 0.5, 0.4]]
+    labels = [0, 1, 2, 1, 2, 0, 2]
+    probabilities = tf.nn.softmax(np.array(logits, np.float32)).numpy()
+    metrics = evaluate(softmax_model, class_batches(logits, labels), kind="multiclass")
+    assert metrics["rows"] == 7
+    assert metrics["macro_auc"] == pytest.approx(roc_auc_score(labels, probabilities, multi_class="ovr"), abs=1e-6)
+    assert metrics["accuracy"] == pytest.approx(5 / 7)
+    assert metrics["log_loss"] == pytest.approx(log_loss(labels, probabilities), abs=1e-6)
+
+
+def test_evaluate_takes_two_of_three_classes_and_refuses_one(softmax_model):
+    # Two classes present still give a macro AUC (over the classes present) ...
+    metrics = evaluate(softmax_model, class_batches([[2, 0, 0], [0, 2, 0], [1, 0, 0]], [0, 1, 1]), kind="multiclass")
+    assert metrics["macro_auc"] == pytest.approx(0.5 * (1.0 + 1.0))
+    # ... one class gives none.
+    with pytest.raises(ValueError) as error:
+        evaluate(softmax_model, class_batches([[0, 0, 2]], [2]), kind="multiclass")
+    assert str(error.value) == ("the evaluation data holds only one class (id 2), so the macro AUC is undefined; "
+                                "check the eval split and the label settings.")
+
+
+def test_evaluate_scores_a_regression_even_on_a_constant_label():
+    inputs = {"x": tf.keras.Input(shape=(1,), name="x")}
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, kernel_initializer="ones")(inputs["x"]))
+    data = tf.data.Dataset.from_tensor_slices(
+        ({"x": np.array([[1.0], [3.0]], np.float32)}, np.array([[2.0], [2.0]], np.float32))).batch(2)
+    metrics = evaluate(model, data, kind="regression")
+    assert (metrics["rmse"], metrics["mae"], metrics["rows"]) == (1.0, 1.0, 2) and np.isnan(metrics["r2"])

@@ -22,6 +22,7 @@ from components.exporter.export import (
     verify,
 )
 from components.exporter.runtimes import Runner
+from components.tasks import Task
 from pipeline.config import ExportConfig
 
 QUANTIZED_ARTIFACTS = ("tflite/dynamic", "tflite/float16", "tflite/int8")
@@ -250,3 +251,46 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
         assert gate_message(report).startswith("onnx: max_abs_diff ")
     assert report["passed"] is passes and report["optimization"] == optimization
     assert (output_dir / "export_report.html").is_file()
+
+
+def regression_artifacts(folder):
+    """A regression's SavedModel values and an int8 variant 0.25 off on every row, as files under `folder`."""
+    labels = np.array([1.0, 2.0, 4.0, 8.0])
+    outputs = {"saved_model": np.array([1.5, 2.0, 3.0, 8.5]), "tflite/int8": np.array([1.75, 2.25, 3.25, 8.75])}
+    built = {}
+    for i, (name, values) in enumerate(outputs.items()):
+        (folder / f"model{i}.bin").write_bytes(b"\0" * 10)
+        built[name] = (folder / f"model{i}.bin", FixedRunner(values))
+    return built, EvalData({"row": np.arange(4)}, labels, {})
+
+
+def test_verify_judges_by_the_task_and_metric_it_is_given(tmp_path):
+    built, data = regression_artifacts(tmp_path)
+    task = Task("regression", label_mean=3.0, label_std=2.0)
+    result = verify(built, data, options(max_quantized_degradation=0.3), root=tmp_path, task=task, metric="mae")
+    assert result["task"] == {**task.describe(), "metric": "mae"}
+    assert set(result["reference"]) == {"artifact", "rmse", "mae", "r2"}
+    rows = {row["artifact"]: row for row in result["artifacts"]}
+    # MAE 0.5 -> 0.625 on these rows: 0.125 worse, within 0.3; and the paths are relative to the version folder.
+    assert rows["tflite/int8"]["check"]["figure"] == "mae_degradation"
+    assert rows["tflite/int8"]["check"]["value"] == pytest.approx(0.125)
+    assert [row["path"] for row in result["artifacts"]] == ["model0.bin", "model1.bin"]
+
+
+def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the_spec(tmp_path, monkeypatch):
+    spec = {"features": [], "task": {"kind": "regression"}}
+    output_dir = tmp_path / "version"
+    output_dir.mkdir()
+
+    def export_formats(serving_model_dir, model, spec, staging, options, representative):
+        assert Path(staging).name.startswith("export-")
+        return regression_artifacts(Path(staging))[0]
+
+    monkeypatch.setattr(export, "export_formats", export_formats)
+    _, data = regression_artifacts(tmp_path)
+    result = export_and_verify("serving_model", object(), spec, data, str(output_dir),
+                               options(max_quantized_degradation=0.3), metric="mae")
+    report = json.loads((output_dir / "export_report.json").read_text())
+    assert report["task"]["kind"] == "regression" and report["task"]["metric"] == "mae"
+    assert [row["path"] for row in report["artifacts"]] == ["model0.bin", "model1.bin"]
+    assert result["passed"] and (output_dir / "model1.bin").is_file()

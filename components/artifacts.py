@@ -21,6 +21,7 @@ SERVING_MODEL_DIR = "Format-Serving"
 KERAS_MODEL_FILE = "keras/model.keras"
 # The Optimizer's figures, at the root of its Model artifact.
 OPTIMIZATION_REPORT_FILE = "optimization_report.json"
+CALIBRATION_REPORT_JSON = "calibration.json"
 # The Exporter's Model artifact: every format inside Format-Serving (the Pusher copies that folder to a version) ...
 EXPORT_REPORT_JSON = "export_report.json"
 EXPORT_REPORT_HTML = "export_report.html"
@@ -29,6 +30,8 @@ FORMAT_DIRS = {"tflite": "tflite", "onnx": "onnx", "tfjs": "tfjs"}
 NOT_EXPORTED_FILE = "NOT_EXPORTED"
 # Examples, statistics and anomalies keep one folder per split.
 SPLIT_PREFIX = "Split-"
+# The split (data.calibration_buckets) that probabilities are calibrated and the decision threshold chosen on.
+CALIBRATION_SPLIT = "calibration"
 # ExampleValidator's report in each split folder of an ExampleAnomalies artifact.
 SCHEMA_DIFF_FILE = "SchemaDiff.pb"
 # StatisticsGen's TFDV statistics in each split folder, and SchemaGen's schema at its artifact's root.

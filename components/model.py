@@ -270,9 +270,13 @@ class ServingModule(tf.Module):
     """Holds the model and the Transform layer so that both are saved with the signatures."""
 
     def __init__(self, model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout,
-                 task: Task = BINARY):
+                 task: Task = BINARY, decision_threshold: float | None = None):
         super().__init__()
         self.model = model
+        if decision_threshold is not None:
+            # Saved with the model: tf.saved_model.load(path).decision_threshold (components/calibration.py).
+            self.decision_threshold = tf.Variable(decision_threshold, trainable=False, dtype=tf.float32,
+                                                  name="decision_threshold")
         self.tft_layer = tft_output.transform_features_layer()
         self._tft_output = tft_output
         self._layout = layout
@@ -314,11 +318,12 @@ class ServingModule(tf.Module):
 
 def export_serving_model(
     model: tf.keras.Model, tft_output: tft.TFTransformOutput, layout: FeatureLayout, export_dir: str,
-    task: Task = BINARY,
+    task: Task = BINARY, decision_threshold: float | None = None,
 ) -> None:
     """SavedModel with `serving_default` (raw named features), `serving_examples` (tf.Example, for TFMA)
-    and `transform_features` (TFMA's preprocessing function)."""
-    module = ServingModule(model, tft_output, layout, task)
+    and `transform_features` (TFMA's preprocessing function); a binary model's chosen `decision_threshold`, when
+    given, is saved as its `decision_threshold` variable."""
+    module = ServingModule(model, tft_output, layout, task, decision_threshold)
     signatures = {
         "serving_default": module.serving_default(),
         "serving_examples": module.serving_examples(),

@@ -24,6 +24,7 @@ TRANSFORM_KEY = "transform"
 TRAINING_KEY = "training"
 TUNER_KEY = "tuner"
 OPTIMIZE_KEY = "optimize"
+CALIBRATION_KEY = "calibration"
 EXPORT_KEY = "export"
 # ExampleGen's custom_config: the cell values read as missing (data.missing_values).
 MISSING_VALUES_KEY = "missing_values"
@@ -35,5 +36,5 @@ CODE_FINGERPRINT_KEY = "code_fingerprint"
 FEATURE_SECTIONS = (DATA_KEY, LABEL_KEY, TRANSFORM_KEY)
 TRAINER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, TUNER_KEY)
 # The Optimizer's and the Exporter's gates watch the metric that blesses the model (evaluation.metric).
-OPTIMIZER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, OPTIMIZE_KEY, EVALUATION_KEY)
+OPTIMIZER_SECTIONS = (*FEATURE_SECTIONS, TRAINING_KEY, OPTIMIZE_KEY, EVALUATION_KEY, CALIBRATION_KEY)
 EXPORTER_SECTIONS = (*FEATURE_SECTIONS, EXPORT_KEY, EVALUATION_KEY)

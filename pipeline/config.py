@@ -31,9 +31,13 @@ class DataConfig:
     # Cell values that mean "missing" besides the empty cell (which always does), in every column: e.g. [NA, "?"].
     # ExampleGen reads them as empty cells, so a numeric column with such markers stays numeric.
     missing_values: list[str] = field(default_factory=list)
-    # Hash split of the rows: train and eval buckets.
+    # Hash split of the rows: train and eval buckets ...
     train_buckets: int = 4
     eval_buckets: int = 1
+    # ... and a third split, calibration, that the model never trains on and the Evaluator never measures: a
+    # classifier's probabilities are calibrated and its decision threshold chosen on it (the calibration section).
+    # 0: no such split, and no calibration.
+    calibration_buckets: int = 0
 
 
 @dataclass
@@ -206,6 +210,22 @@ class OptimizeConfig:
     # the unpruned model's, in the metric's units.
     max_degradation: float = 0.01
     distill: DistillConfig = field(default_factory=DistillConfig)
+
+
+THRESHOLD_OBJECTIVES = ("f1", "min_precision")
+
+
+@dataclass
+class CalibrationConfig:
+    # Fitted on the data.calibration_buckets split after the Optimizer and folded into the model's output layer, so
+    # every exported format serves calibrated probabilities. auto: Platt scaling (binary), temperature scaling
+    # (multiclass), nothing for regression; none: the probabilities stay as trained.
+    method: Literal["auto", "none"] = "auto"
+    # The binary decision threshold, chosen on the calibration split's calibrated probabilities: f1, the highest
+    # F1; min_precision, the highest recall whose precision is at least min_precision (the run fails when no
+    # threshold reaches it). Multiclass models decide by the highest probability.
+    threshold_objective: str = "f1"
+    min_precision: float = 0.8
 
 
 EXPORT_FORMATS = ("saved_model", "tflite", "onnx", "tfjs")
@@ -396,6 +416,7 @@ class PipelineConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     optimize: OptimizeConfig = field(default_factory=OptimizeConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -613,6 +634,7 @@ def _validate(config: PipelineConfig) -> None:
     if not 0.0 <= config.training.dropout < 1.0:
         raise ConfigError("training.dropout must be in [0, 1).")
     _validate_optimize_and_export(config)
+    _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
     if not config.schema_path:
@@ -667,6 +689,23 @@ def _validate_optimize_and_export(config: PipelineConfig) -> None:
         raise ConfigError(f"transform.oov_buckets is {config.transform.oov_buckets}, but TFLite, ONNX and TF.js "
                           "cannot reproduce TensorFlow's hashing of unseen values into several buckets; set "
                           "transform.oov_buckets=1, or export.formats=[saved_model].")
+
+
+def _validate_calibration(config: PipelineConfig) -> None:
+    calibration, buckets = config.calibration, config.data.calibration_buckets
+    if buckets < 0:
+        raise ConfigError("data.calibration_buckets must be 0 (no calibration split) or more.")
+    if calibration.threshold_objective not in THRESHOLD_OBJECTIVES:
+        raise ConfigError(f"calibration.threshold_objective '{calibration.threshold_objective}' is unknown; choose "
+                          f"{' or '.join(THRESHOLD_OBJECTIVES)}.")
+    if not 0.0 < calibration.min_precision <= 1.0:
+        raise ConfigError(f"calibration.min_precision must be in (0, 1], got {calibration.min_precision}.")
+    if buckets and config.label.kind == "regression":
+        raise ConfigError("data.calibration_buckets sets rows aside to calibrate probabilities, which a regression "
+                          "model does not output; set data.calibration_buckets=0.")
+    if buckets and calibration.method == "none":
+        raise ConfigError("data.calibration_buckets sets rows aside that calibration.method=none never uses; set "
+                          "data.calibration_buckets=0 or calibration.method=auto.")
 
 
 def _validate_beam(beam: BeamConfig) -> None:

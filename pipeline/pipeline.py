@@ -203,6 +203,9 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
                 splits=[
                     tfx.proto.SplitConfig.Split(name="train", hash_buckets=config.data.train_buckets),
                     tfx.proto.SplitConfig.Split(name="eval", hash_buckets=config.data.eval_buckets),
+                    *([tfx.proto.SplitConfig.Split(name=artifacts.CALIBRATION_SPLIT,
+                                                   hash_buckets=config.data.calibration_buckets)]
+                      if config.data.calibration_buckets else []),
                 ]
             )
         ),

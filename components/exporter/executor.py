@@ -58,6 +58,8 @@ class Executor(base_executor.BaseExecutor):
         )
         optimization_path = artifacts.join(model_uri, artifacts.OPTIMIZATION_REPORT_FILE)
         optimization = artifacts.read_json(optimization_path) if artifacts.exists(optimization_path) else None
+        calibration_path = artifacts.join(model_uri, artifacts.CALIBRATION_REPORT_JSON)
+        calibration = artifacts.read_json(calibration_path) if artifacts.exists(calibration_path) else None
         result = export_and_verify(
             serving_model_dir,
             load_keras_model(model_uri),
@@ -67,6 +69,7 @@ class Executor(base_executor.BaseExecutor):
             options,
             optimization,
             read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
+            calibration,
         )
         for line in report.table_lines(result):
             logging.info("%s", line)

@@ -8,7 +8,7 @@ Layout of `output_dir` (what the Pusher copies to <serving base>/<version>/):
   tflite/model_<variant>.tflite         + preprocessing.json, preprocessing.py
   onnx/model.onnx                       + preprocessing.json, preprocessing.py
   tfjs/model.json, group1-shard*.bin    + preprocessing.json, preprocessing.mjs, predict.mjs
-  export_report.json, export_report.html
+  export_report.json, export_report.html  (the calibration record and decision threshold inside the JSON)
 """
 from __future__ import annotations
 
@@ -199,15 +199,18 @@ def export_and_verify(
     options: ExportConfig,
     optimization: dict[str, Any] | None = None,
     metric: str = "auto",
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
-    beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants.
+    beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants;
+    `calibration` (the model's calibration record, with its decision threshold) goes into the report as it is.
     Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
         result = verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric)
         result["optimization"] = optimization or {}
+        result["calibration"] = calibration or {}
         result["seconds"] = round(time.perf_counter() - started, 1)
         report.write(result, staging)
         artifacts.copy_tree(staging, output_dir)

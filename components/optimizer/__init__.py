@@ -1,1 +1,1 @@
-"""Optimizer: distils and prunes the trained Keras model before evaluation and export."""
+"""Optimizer: distils, prunes and calibrates the trained Keras model before evaluation and export."""

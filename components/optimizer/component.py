@@ -25,7 +25,8 @@ from components.specs import (
 
 
 class OptimizerSpec(ComponentSpec):
-    # One JSON property per config section it reads (data, label, transform, training, optimize).
+    # One JSON property per config section it reads (data, label, transform, training, optimize, evaluation,
+    # calibration).
     PARAMETERS = {
         **{key: ExecutionParameter(type=str) for key in OPTIMIZER_SECTIONS},
         CODE_FINGERPRINT_KEY: ExecutionParameter(type=str),
@@ -33,7 +34,7 @@ class OptimizerSpec(ComponentSpec):
     INPUTS = {
         MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         TRANSFORM_GRAPH_KEY: ChannelParameter(type=standard_artifacts.TransformGraph),
-        # The Transform's transformed_examples, with train and eval splits.
+        # The Transform's transformed_examples, with train and eval splits (and calibration, when configured).
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
     }
     OUTPUTS = {OPTIMIZED_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}

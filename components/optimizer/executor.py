@@ -1,4 +1,5 @@
-"""Executor of the Optimizer: artifacts in, `optimize`, a Model artifact laid out like the Trainer's out."""
+"""Executor of the Optimizer: artifacts in, `optimize` then `calibrate`, a Model artifact laid out like the
+Trainer's out."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from components import artifacts
+from components.calibration import calibrate, resolve_method
 from components.features import FeatureLayout, transformed_name
 from components.model import (
     build_model,
@@ -23,6 +25,8 @@ from components.model import (
 )
 from components.optimizer.optimize import OptimizationGateError, optimize
 from components.specs import (
+    CALIBRATION_KEY,
+    DATA_KEY,
     EVALUATION_KEY,
     EXAMPLES_KEY,
     MODEL_KEY,
@@ -32,7 +36,14 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.tasks import task_from_transform
-from pipeline.config import EvaluationConfig, OptimizeConfig, TrainingConfig, read_section
+from pipeline.config import (
+    CalibrationConfig,
+    DataConfig,
+    EvaluationConfig,
+    OptimizeConfig,
+    TrainingConfig,
+    read_section,
+)
 
 # Rows shuffled together when reading the training split; the split is re-read (and reshuffled) as it repeats.
 SHUFFLE_BUFFER = 10_000
@@ -82,10 +93,14 @@ def run_optimizer(
     training: TrainingConfig,
     options: OptimizeConfig,
     metric: str = "auto",
+    calibration_uri: str | None = None,
+    calibration: CalibrationConfig | None = None,
 ) -> dict[str, Any]:
-    """Optimizes the Keras model of the Model artifact at `model_uri` and writes a full Model artifact to
-    `output_uri`; returns the report also written there (artifacts.OPTIMIZATION_REPORT_FILE). `metric` is
-    evaluation.metric, the one the pruning gate watches."""
+    """Optimizes the Keras model of the Model artifact at `model_uri`, then calibrates it on the transformed
+    split at `calibration_uri` (none: no calibration), and writes a full Model artifact to `output_uri`; returns the
+    optimization report also written there (artifacts.OPTIMIZATION_REPORT_FILE), the calibration record beside it
+    (artifacts.CALIBRATION_REPORT_JSON, measured on the eval split). `metric` is evaluation.metric, the one the
+    pruning gate watches."""
     seed = training.seed
     tft_output = tft.TFTransformOutput(transform_graph_uri)
     task = task_from_transform(layout.label, tft_output)
@@ -119,16 +134,35 @@ def run_optimizer(
                       artifacts.join(output_uri, artifacts.OPTIMIZATION_REPORT_FILE))
         raise
 
-    if result.model is model:
+    final, threshold = result.model, None
+    calibration = calibration or CalibrationConfig(method="none")
+    method = resolve_method(calibration, task.kind, calibration_uri is not None)
+    if method != "none":
+        final, record = calibrate(
+            result.model, dataset(calibration_uri, repeat=False), dataset(eval_uri, repeat=False), method,
+            calibration, fitted_on=f"the '{artifacts.CALIBRATION_SPLIT}' split (data.calibration_buckets): rows the "
+            "model did not train on and the Evaluator does not measure", measured_on="the eval split")
+        threshold = record["threshold"]
+        artifacts.write_json(artifacts.join(output_uri, artifacts.CALIBRATION_REPORT_JSON), record, indent=2)
+        logging.info("calibration: %s on %d rows, threshold %s (%s); eval calibration %.4f -> %.4f, AUC %.4f -> "
+                     "%.4f", method, record["rows"], threshold, record["objective"],
+                     record["before"]["calibration"], record["after"]["calibration"], record["before"]["auc"],
+                     record["after"]["auc"])
+    else:
+        logging.info("calibration: none (%s model, calibration.method %s, calibration split %s)", task.kind,
+                     calibration.method, "present" if calibration_uri else "absent")
+
+    if final is model:
         # Nothing was done: downstream still reads this component's output, a copy of the Trainer's.
         artifacts.copy_tree(model_uri, output_uri)
         logging.info("optimizer: copied %s to %s unchanged", model_uri, output_uri)
     else:
         serving_dir = artifacts.serving_model_dir(output_uri)
-        export_serving_model(result.model, tft_output, layout, serving_dir, task)
-        keras_path = save_keras_model(result.model, output_uri)
-        logging.info("optimizer: wrote %s and %s (stages: %s)", serving_dir, keras_path,
-                     ", ".join(result.report["stages"]))
+        export_serving_model(final, tft_output, layout, serving_dir, task, decision_threshold=threshold)
+        keras_path = save_keras_model(final, output_uri)
+        logging.info("optimizer: wrote %s and %s (stages: %s%s)", serving_dir, keras_path,
+                     ", ".join(result.report["stages"]) or "none", f", calibrate ({method})" if method != "none"
+                     else "")
     _write_report(output_uri, result.report)
     return result.report
 
@@ -136,6 +170,8 @@ def run_optimizer(
 class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict: dict[str, list[Any]], output_dict: dict[str, list[Any]], exec_properties: dict) -> None:
         examples = artifact_utils.get_single_uri(input_dict[EXAMPLES_KEY])
+        # No calibration split (data.calibration_buckets: 0): nothing to calibrate on.
+        calibrating = read_section(exec_properties, DATA_KEY, DataConfig).calibration_buckets > 0
         run_optimizer(
             model_uri=artifact_utils.get_single_uri(input_dict[MODEL_KEY]),
             transform_graph_uri=artifact_utils.get_single_uri(input_dict[TRANSFORM_GRAPH_KEY]),
@@ -146,4 +182,6 @@ class Executor(base_executor.BaseExecutor):
             training=read_section(exec_properties, TRAINING_KEY, TrainingConfig),
             options=read_section(exec_properties, OPTIMIZE_KEY, OptimizeConfig),
             metric=read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
+            calibration_uri=artifacts.split_uri(examples, artifacts.CALIBRATION_SPLIT) if calibrating else None,
+            calibration=read_section(exec_properties, CALIBRATION_KEY, CalibrationConfig) if calibrating else None,
         )

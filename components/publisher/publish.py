@@ -101,6 +101,17 @@ def export_task(source_dir: str) -> dict[str, Any] | None:
     return {**report["task"], "eval": report.get("reference", {})}
 
 
+def export_calibration(source_dir: str) -> dict[str, Any] | None:
+    """How the model's probabilities were calibrated and the decision threshold chosen for them, from the export
+    report, for publication.json; None when the model was not calibrated."""
+    report = _export_report(source_dir)
+    calibration = (report or {}).get("calibration") or {}
+    if not calibration.get("method") or calibration["method"] == "none":
+        return None
+    return {key: calibration[key] for key in ("method", "threshold", "objective", "fitted_on", "rows")
+            if key in calibration}
+
+
 def publish_model(
     source_dir: str, serving_base_dir: str, model_name: str, record: Mapping[str, object]
 ) -> PublishedVersion:
@@ -118,6 +129,10 @@ def publish_model(
     if task is not None:
         # A client or a rollout can tell a classifier's probabilities from a regression's value without the model.
         record = {**record, "task": task}
+    calibration = export_calibration(source_dir)
+    if calibration is not None:
+        # A client turns a probability into a decision with the threshold chosen for this version.
+        record = {**record, "calibration": calibration}
     repository = open_repository(serving_base_dir)
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:

@@ -59,6 +59,8 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
             "version": version,
             "blessed": "yes" if blessed else ("no" if blessed is False else "unknown"),
             "task": (publication.get("task") or {}).get("kind", "unknown"),
+            # The decision threshold chosen with the calibration (components/calibration.py); None when none was.
+            "threshold": (publication.get("calibration") or {}).get("threshold"),
             "export": export,
             "checksums": check.state,
             "checksum_problems": check.problems,
@@ -85,11 +87,13 @@ def versions_command(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no published version of {config.model_name!r} under {config.serving_base_dir}; run the pipeline.")
         return 0
-    print(f"{'version':>7}  {'blessed':<8} {'task':<11} {'export':<9} {'checksums':<11} {'labels':<15} "
-          f"{'served by':<15} published")
+    print(f"{'version':>7}  {'blessed':<8} {'task':<11} {'threshold':<9} {'export':<9} {'checksums':<11} "
+          f"{'labels':<15} {'served by':<15} published")
     for row in rows:
-        print(f"{row['version']:>7}  {row['blessed']:<8} {row['task']:<11} {row['export']:<9} {row['checksums']:<11} "
-              f"{','.join(row['labels']) or '-':<15} {','.join(row['served_by']) or '-':<15} {row['published_at']}")
+        threshold = "-" if row["threshold"] is None else f"{row['threshold']:.4f}"
+        print(f"{row['version']:>7}  {row['blessed']:<8} {row['task']:<11} {threshold:<9} {row['export']:<9} "
+              f"{row['checksums']:<11} {','.join(row['labels']) or '-':<15} {','.join(row['served_by']) or '-':<15} "
+              f"{row['published_at']}")
         for problem in row["checksum_problems"][:5]:
             print(f"         ! {problem}")
     return 0

@@ -10,11 +10,14 @@ import numpy as np
 import onnx
 import pytest
 import tensorflow as tf
+import tensorflow_transform as tft
 
+from components.calibration import Calibration, apply, fold, model_logits
 from components.exporter import convert
 from components.exporter.export import EvalData, ExportGateError, export_and_verify, verify
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
+from components.model import export_serving_model
 from pipeline.config import ExportConfig
 from tests.components.small_model import build_small_model
 
@@ -205,3 +208,29 @@ def test_quantized_variants_are_held_to_max_quantized_degradation_on_their_own(e
         row = checked["artifacts"][1]
         assert row["check"]["figure"] == "auc_degradation" and row["check"]["value"] == pytest.approx(drop, abs=1e-12)
         assert row["check"]["passed"] is passes and checked["passed"] is passes
+
+
+def test_a_calibrated_model_exports_and_every_format_serves_its_calibrated_probabilities(small, spec, tmp_path):
+    """Platt scaling folded into the small model's output layer: every float format agrees with the SavedModel
+    within the default max_abs_diff, and each serves sigmoid(scale * logit + shift), not the raw probabilities."""
+    calibration = Calibration("platt", scale=0.6, shift=-0.5)
+    calibrated = fold(small.model, calibration)
+    serving_dir = str(tmp_path / "calibrated_serving")
+    tft_output = tft.TFTransformOutput(small.transform_dir)
+    export_serving_model(calibrated, tft_output, small.layout, serving_dir, decision_threshold=0.37)
+    output_dir = tmp_path / "version"
+    record = {"method": "platt", "threshold": 0.37, "objective": "f1"}
+    result = export_and_verify(serving_dir, calibrated, spec, eval_data(small), str(output_dir),
+                               options(tflite_variants=["float32"]), calibration=record)
+    rows = {row["artifact"]: row for row in result["artifacts"]}
+    assert result["passed"] and set(rows) == {"saved_model", "tflite/float32", "onnx", "tfjs"}
+    for name in ("tflite/float32", "onnx", "tfjs"):
+        assert rows[name]["max_abs_diff"] <= 1e-4, name
+    assert json.loads((output_dir / "export_report.json").read_text())["calibration"] == record
+
+    features = preprocess(spec, small.columns)
+    logits, _ = model_logits(small.model, tf.data.Dataset.from_tensors((features, small.labels)))
+    served = SavedModelRunner(str(output_dir)).predict(small.columns)
+    np.testing.assert_allclose(served, apply(calibration, logits), atol=1e-5)
+    assert np.max(np.abs(served - small.model(features).numpy().reshape(-1))) > 0.05, "calibration changed them"
+    assert tf.saved_model.load(str(output_dir)).decision_threshold.numpy() == pytest.approx(0.37)

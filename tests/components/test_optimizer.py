@@ -13,7 +13,8 @@ from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, sche
 from tfx.types import Channel, artifact_utils, standard_artifacts
 from tfx.utils import json_utils
 
-from components.artifacts import keras_model_path
+from components.artifacts import CALIBRATION_REPORT_JSON, keras_model_path
+from components.calibration import binary_figures
 from components.features import FeatureLayout
 from components.model import build_model, categorical_cardinalities, save_keras_model
 from components.optimizer.component import Optimizer
@@ -38,7 +39,15 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.transform import preprocessing_fn
-from pipeline.config import DistillConfig, EvaluationConfig, OptimizeConfig, TrainingConfig, load_config, read_section
+from pipeline.config import (
+    CalibrationConfig,
+    DistillConfig,
+    EvaluationConfig,
+    OptimizeConfig,
+    TrainingConfig,
+    load_config,
+    read_section,
+)
 
 NUMERIC = ["a_xf", "b_xf"]
 CARDINALITIES = {"c1_xf": 6, "c2_xf": 5}
@@ -264,7 +273,7 @@ def artifacts(tmp_path_factory):
     layer = tft_output.transform_features_layer()
     examples = root / "transformed_examples"
     splits = {}
-    for split, n, seed in (("train", 2000, 11), ("eval", 600, 12)):
+    for split, n, seed in (("train", 2000, 11), ("eval", 600, 12), ("calibration", 600, 13)):
         raw = raw_rows(n, seed)
         transformed = {k: v.numpy().reshape(-1) for k, v in layer({k: v[:, None] for k, v in raw.items()}).items()}
         write_split(str(examples / f"Split-{split}"), transformed)
@@ -284,7 +293,7 @@ def artifacts(tmp_path_factory):
     return {"root": root, "graph": graph, "examples": str(examples), "model": str(model_uri), "eval": splits["eval"]}
 
 
-def run_executor(artifacts, output_name, optimize_settings):
+def run_executor(artifacts, output_name, optimize_settings, **sections):
     model, graph, examples, output = (standard_artifacts.Model(), standard_artifacts.TransformGraph(),
                                       standard_artifacts.Examples(), standard_artifacts.Model())
     model.uri, graph.uri, examples.uri = artifacts["model"], artifacts["graph"], artifacts["examples"]
@@ -293,6 +302,7 @@ def run_executor(artifacts, output_name, optimize_settings):
     os.makedirs(output.uri)
     properties = {key: json_utils.dumps(value) for key, value in CUSTOM_CONFIG.items()}
     properties[OPTIMIZE_KEY] = json_utils.dumps(dataclasses.asdict(optimize_settings))
+    properties.update({key: json_utils.dumps(value) for key, value in sections.items()})
     Executor().Do({MODEL_KEY: [model], TRANSFORM_GRAPH_KEY: [graph], EXAMPLES_KEY: [examples]},
                   {OPTIMIZED_MODEL_KEY: [output]}, properties)
     with open(os.path.join(output.uri, "optimization_report.json")) as f:
@@ -355,3 +365,43 @@ def test_component_carries_each_config_section_it_reads_typed():
     assert read_section(properties, TRAINING_KEY, TrainingConfig) == config.training
     assert FeatureLayout.from_properties(properties).data == config.data
     assert component.outputs[OPTIMIZED_MODEL_KEY].type == standard_artifacts.Model
+
+
+def test_executor_calibrates_on_the_calibration_split_and_serves_the_calibrated_model(artifacts, tmp_path):
+    """A model whose output bias was pushed up (over-predicting, as class weights make it): the Optimizer's output
+    serves calibrated probabilities, records the fit and the threshold, and keeps the ranking."""
+    model = tf.keras.models.load_model(keras_model_path(artifacts["model"]), compile=False)
+    output = model.get_layer("output")
+    kernel, bias = output.get_weights()
+    output.set_weights([kernel, bias + 1.5])
+    shifted = {**artifacts, "model": str(tmp_path / "shifted")}
+    save_keras_model(model, shifted["model"])
+    data = {**CUSTOM_CONFIG["data"], "calibration_buckets": 1}
+    calibration = dataclasses.asdict(CalibrationConfig(threshold_objective="min_precision", min_precision=0.9))
+    uri, report = run_executor(shifted, "calibrated", options(prune=False), data=data, calibration=calibration)
+    assert report["stages"] == []
+    with open(os.path.join(uri, CALIBRATION_REPORT_JSON)) as f:
+        record = json.load(f)
+    assert record["method"] == "platt" and "calibration" in record["fitted_on"] and record["rows"] == 600
+    assert record["objective"] == "min_precision" and record["min_precision"] == 0.9
+    assert record["before"]["calibration"] > 1.2
+    assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.08)
+    assert record["after"]["auc"] == pytest.approx(record["before"]["auc"], abs=1e-6)
+    assert record["after"]["precision"] >= 0.85 and set(record["after"]) == {"calibration", "auc", "precision",
+                                                                            "recall"}
+
+    raw, transformed = artifacts["eval"]
+    served = tf.saved_model.load(os.path.join(uri, "Format-Serving"))
+    probabilities = served.signatures["serving_default"](
+        **{k: tf.constant(raw[k]) for k in ("a", "b", "c")})["probabilities"].numpy()
+    assert served.decision_threshold.numpy() == pytest.approx(record["threshold"])
+    labels = transformed["label"]
+    assert binary_figures(probabilities, labels, record["threshold"]) == pytest.approx(record["after"], abs=1e-4)
+    calibrated = tf.keras.models.load_model(keras_model_path(uri), compile=False)
+    expected = calibrated({k: v[:, None] for k, v in transformed.items() if k != "label"}).numpy().reshape(-1)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+
+
+def test_executor_without_a_calibration_split_writes_no_calibration_record(artifacts):
+    uri, _ = run_executor(artifacts, "uncalibrated", options(prune=False))
+    assert not os.path.exists(os.path.join(uri, CALIBRATION_REPORT_JSON))

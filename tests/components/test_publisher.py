@@ -65,3 +65,23 @@ def test_a_version_below_the_latest_is_refused(tmp_path, exports):
     repository.add_version("taxi", exports["a"], version=5)
     with pytest.raises(RepositoryError, match="only grow"):
         repository.add_version("taxi", exports["b"], version=4)
+
+
+def test_a_calibrated_model_publishes_its_decision_threshold(tmp_path):
+    export = save_tiny_model(tmp_path / "calibrated", 1.5)
+    calibration = {"method": "platt", "threshold": 0.4123, "objective": "f1", "fitted_on": "the calibration split",
+                   "rows": 2500, "before": {"calibration": 1.24}, "after": {"calibration": 1.01}}
+    (export / "export_report.json").write_text(json.dumps({"passed": True, "calibration": calibration}))
+    base = tmp_path / "serving"
+    publish_model(str(export), str(base), "taxi", {"blessed": True})
+    publication = ModelRepository(base).publication("taxi", 1)
+    assert publication["calibration"] == {"method": "platt", "threshold": 0.4123, "objective": "f1",
+                                          "fitted_on": "the calibration split", "rows": 2500}
+    assert version_rows(str(base), "taxi")[0]["threshold"] == 0.4123
+
+
+def test_an_uncalibrated_model_publishes_no_threshold(tmp_path, exports):
+    base = tmp_path / "serving"
+    publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
+    assert "calibration" not in ModelRepository(base).publication("taxi", 1)
+    assert version_rows(str(base), "taxi")[0]["threshold"] is None

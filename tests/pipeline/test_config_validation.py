@@ -263,3 +263,29 @@ def test_paths_and_the_sections_every_component_receives(tmp_path):
     sections["data"]["numeric_features"].append("x")
     assert "x" not in config.data.numeric_features
     assert PipelineConfig().features == []
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["calibration.threshold_objective=accuracy"],
+     "calibration.threshold_objective 'accuracy' is unknown; choose f1 or min_precision."),
+    (["calibration.min_precision=0.0"], "calibration.min_precision must be in (0, 1], got 0.0."),
+    (["calibration.min_precision=1.01"], "calibration.min_precision must be in (0, 1], got 1.01."),
+    (["data.calibration_buckets=-1"], "data.calibration_buckets must be 0 (no calibration split) or more."),
+    (["calibration.method=none"], "data.calibration_buckets sets rows aside that calibration.method=none never "
+                                  "uses; set data.calibration_buckets=0 or calibration.method=auto."),
+    (["label.kind=regression", "label.relative_to="],
+     "data.calibration_buckets sets rows aside to calibrate probabilities, which a regression model does not "
+     "output; set data.calibration_buckets=0."),
+])
+def test_calibration_refusals(overrides, message):
+    assert refusal(*overrides) == message
+
+
+def test_calibration_values_just_inside_their_limits():
+    config = load_config(None, ["calibration.threshold_objective=min_precision", "calibration.min_precision=1.0"])
+    assert (config.calibration.threshold_objective, config.calibration.min_precision) == ("min_precision", 1.0)
+    assert load_config(None, ["calibration.min_precision=0.001"]).calibration.min_precision == 0.001
+    assert load_config(None, ["calibration.method=none", "data.calibration_buckets=0"]).calibration.method == "none"
+    regression = load_config(None, ["label.kind=regression", "label.relative_to=", "data.calibration_buckets=0"])
+    assert regression.data.calibration_buckets == 0
+    assert "must be one of" in refusal("calibration.method=isotonic")

@@ -188,6 +188,15 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         student, teacher = summary.optimization["distilled"], summary.optimization["input"]
         print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
               f"{teacher['parameters']} -> {student['parameters']}", file=out)
+    calibration = summary.calibration
+    if calibration:
+        before, after = calibration["before"], calibration["after"]
+        threshold = "" if calibration["threshold"] is None else (
+            f", threshold {calibration['threshold']:.4f} ({calibration['objective']})")
+        print(f"  calibrated    {calibration['method']} on {calibration['rows']} held-out rows{threshold}; eval "
+              f"calibration {before['calibration']:.4f} -> {after['calibration']:.4f}, precision "
+              f"{before['precision']:.4f} -> {after['precision']:.4f}, recall {before['recall']:.4f} -> "
+              f"{after['recall']:.4f}", file=out)
     if summary.blessed is None:
         # TFX judges nothing without a threshold; a first run has no baseline to compare with.
         print("  blessed       not judged: no evaluation bound is set and no blessed baseline exists yet; set "

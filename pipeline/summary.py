@@ -25,6 +25,8 @@ class RunSummary:
     # The Optimizer's and the Exporter's reports (components/optimizer, components/exporter), when they ran.
     optimization: dict[str, Any] = field(default_factory=dict)
     export: dict[str, Any] = field(default_factory=dict)
+    # The calibration record of the evaluated model (components/calibration.py), when it was calibrated.
+    calibration: dict[str, Any] = field(default_factory=dict)
     cached_stages: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
@@ -96,6 +98,9 @@ def _read_model_reports(summary: RunSummary, uri: str) -> None:
         summary.model_path = uri
     elif artifacts.exists(optimization_report):
         summary.optimization = artifacts.read_json(optimization_report)
+        calibration_report = artifacts.join(uri, artifacts.CALIBRATION_REPORT_JSON)
+        if artifacts.exists(calibration_report):
+            summary.calibration = artifacts.read_json(calibration_report)
     if summary.model_path is None:
         summary.model_path = uri
 

@@ -125,7 +125,10 @@ def keras_classifier(units=1, seed=0):
     inputs = {"x": tf.keras.Input(shape=(1,), name="x"), "w": tf.keras.Input(shape=(1,), name="w")}
     hidden = tf.keras.layers.Dense(4, activation="tanh")(tf.keras.layers.Concatenate()(list(inputs.values())))
     activation = "sigmoid" if units == 1 else "softmax"
-    return tf.keras.Model(inputs, tf.keras.layers.Dense(units, activation=activation, name="output")(hidden))
+    # A bias away from zero, so that folding must scale it too.
+    output = tf.keras.layers.Dense(units, activation=activation, name="output",
+                                   bias_initializer=tf.keras.initializers.Constant(0.3))
+    return tf.keras.Model(inputs, output(hidden))
 
 
 def rows(n=4000, seed=0):

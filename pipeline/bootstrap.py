@@ -313,6 +313,9 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
     if left_out:
         lines.append("  # Left out:")
         lines += [f"  #   {p.column}: {p.reason}" for p in left_out]
+    if label.kind != "regression":
+        lines.append("  calibration_buckets: 1   # a sixth of the rows, held out of training and evaluation: the "
+                     "probabilities are calibrated on them")
     lines += ["", "label:", f"  # {label_column}: {label.reason}"]
     if label_name != "label":
         lines.append(f"  name: {_scalar(label_name)}   # 'label' is a column of the data")

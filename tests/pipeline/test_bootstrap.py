@@ -50,6 +50,7 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
 
     config = load_config(config_path)
     assert config.data.missing_values == ["NA", "?"]
+    assert config.data.calibration_buckets == 1, "a classifier's config sets rows aside to calibrate on"
     # A first run has no baseline, and TFX blesses nothing without a threshold: the config carries one.
     assert (config.evaluation.lower_bound, config.evaluation.upper_bound) == (0.6, None)
     assert config.schema_path == str(schema_path)

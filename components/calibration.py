@@ -245,8 +245,12 @@ def output_dense(model: tf.keras.Model) -> tf.keras.layers.Dense:
 def model_logits(model: tf.keras.Model, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
     """The model's logits (before the sigmoid or softmax, float64: [rows] or [rows, classes]) and the labels of
     every (features, label) batch of the finite `dataset`."""
-    layer = output_dense(model)
-    hidden = tf.keras.Model(model.inputs, layer.input)
+    # A fresh copy: a layer the pruning wrappers or a clone reused has inbound nodes in other graphs, and
+    # `layer.input` would be the first graph's tensor, disconnected from `model.inputs`.
+    copy = tf.keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    layer = output_dense(copy)
+    hidden = tf.keras.Model(copy.inputs, layer.input)
     kernel, bias = (w.astype(np.float64) for w in layer.get_weights())
 
     def batches() -> Iterable[tuple[np.ndarray, np.ndarray]]:

@@ -184,3 +184,13 @@ def test_a_model_without_a_sigmoid_or_softmax_output_is_refused():
     regression = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))
     with pytest.raises(CalibrationError, match="calibration.method=none"):
         fold(regression, Calibration("platt"))
+
+
+def test_logits_of_a_model_whose_layers_another_graph_also_uses():
+    # What strip_pruning hands back: layers with inbound nodes in an earlier graph too.
+    original = keras_classifier()
+    shared = tf.keras.models.clone_model(original, clone_function=lambda layer: layer)
+    logits, labels = model_logits(shared, rows(300))
+    np.testing.assert_allclose(sigmoid(logits), np.concatenate([shared(x).numpy().reshape(-1) for x, _ in rows(300)]),
+                               atol=1e-6)
+    assert len(labels) == 300

@@ -12,6 +12,7 @@ from components.calibration import (
     apply,
     binary_figures,
     calibrate,
+    calibration_record,
     choose_threshold,
     fit_platt,
     fit_temperature,
@@ -194,3 +195,18 @@ def test_logits_of_a_model_whose_layers_another_graph_also_uses():
     np.testing.assert_allclose(sigmoid(logits), np.concatenate([shared(x).numpy().reshape(-1) for x, _ in rows(300)]),
                                atol=1e-6)
     assert len(labels) == 300
+
+
+def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(0, 3.0, (3000, 3))
+    labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
+    calibration = fit_temperature(logits[:1500], labels[:1500])
+    record = calibration_record(calibration, CalibrationConfig(), logits[:1500], labels[:1500], logits[1500:],
+                                labels[1500:], "fit rows", "measure rows")
+    assert record["method"] == "temperature" and record["threshold"] is None and record["objective"] == "argmax"
+    assert record["temperature"] == pytest.approx(2.0, rel=0.1)
+    assert record["before"]["calibration"] > 1.1, "over-confident before"
+    assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
+    for key in ("precision", "recall"):
+        assert record["after"][key] == pytest.approx(record["before"][key]), "temperature keeps every argmax"

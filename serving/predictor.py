@@ -35,6 +35,7 @@ def check_inputs(
             f"Send extra: {{}}. Missing but required: {{{','.join(missing)}}}."
         )
     batch_size = None
+    one_batch_size = True
     patterns = signature.input_shape_patterns
     for name, value in inputs.items():
         shape = value.shape
@@ -48,10 +49,10 @@ def check_inputs(
             if batch_size is None:
                 batch_size = shape[0]
             elif shape[0] != batch_size:
-                batch_sizes = {n: v.shape[0] for n, v in sorted(inputs.items()) if v.ndim}
-                raise invalid_argument(
-                    f"Input tensors must have the same 0th-dimension (batch) size; got {batch_sizes}."
-                )
+                one_batch_size = False
+    if not one_batch_size:
+        batch_sizes = {name: value.shape[0] for name, value in sorted(inputs.items()) if value.ndim}
+        raise invalid_argument(f"Input tensors must have the same 0th-dimension (batch) size; got {batch_sizes}.")
     check_batch_size(batch_size or 0, max_batch_size)
 
 

@@ -291,8 +291,14 @@ def test_grpc_calls_past_the_in_flight_bound_get_unavailable_and_every_slot_is_g
         while admission.requests < 2:  # at the limit, admitted and waiting for the model
             await asyncio.sleep(0.01)
         assert admission.bytes == 100 + len(grpc_request(1))
-        with pytest.raises(grpc.aio.AioRpcError) as error:
-            await predict(grpc_request(1), timeout=10)
+        for _ in range(100):
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await predict(grpc_request(1), timeout=10)
+            # grpc.aio frees a call's slot in its own cap (the same size) a moment after the call is answered: the
+            # refused call above may still hold it. Only that cap's answer is waited out.
+            if "Concurrent RPC limit exceeded" not in error.value.details():
+                break
+            await asyncio.sleep(0.01)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
         assert error.value.details() == (
             "Server is overloaded: 2 requests in flight, the limit is 2; retry with backoff."

@@ -1,9 +1,13 @@
 """The local server under load: batching off and on, REST and gRPC alone and mixed, and memory per request.
 
-The server runs in a subprocess (`python -m serving.cli serve`), and so does each group of clients: a transport's
-clients share one process, so neither the server nor the other transport's clients compete with them for a GIL.
-Every client sends the same pre-built single-row request (the body `serving.client` would send) over its own
-keep-alive connection as fast as it can; the figures are the server's, not the client's row conversion.
+The server runs in a subprocess (`python -m serving.cli serve`), and so do the clients: each transport's clients are
+spread over `--client-processes` processes (4 by default; threads of one process share its GIL), each client with its
+own keep-alive connection (a REST connection, or a gRPC channel with its own subchannel: grpc's default would put all
+of a process's channels on one connection), as separate users' clients would be. Every client sends the same
+pre-built single-row request (the body `serving.client` would send) as fast as it can; the figures are the server's,
+not the client's row conversion. Each cell also reports the CPU time the server and the clients spent per request
+over its window, and how busy the whole machine was: on a machine the clients share with the server, that tells
+which of them ran out of CPU.
 
 Cells, for batching off and on:
   - latency: one client, p50/p99;
@@ -13,8 +17,10 @@ requests of issue 14 (values far beyond the declared shape), as a multiple of th
 reference, the model called in-process (1 and 64 rows), the floor under any served request's latency.
 
 Each load cell runs `--repeats` times; the table shows medians and the spread (max-min)/median of requests/s, so a
-noisy machine shows. `--server-repo` serves from another checkout (e.g. the code before a change) with the same
-clients, for before/after tables; `--no-batching` skips the cells with batching on (code that cannot batch).
+noisy machine shows. `--before-repo` adds, in the same run, the alone cells of another checkout's server (e.g. the
+code before a change, from `git archive`) with batching off, and the targets compare against it as well as against
+batching off; `--server-repo` serves everything from another checkout; `--no-batching` skips the cells with
+batching on (code that cannot batch).
 
     .venv/bin/python benchmarks/serving_benchmark.py --model-base-path outputs/serving/taxi --model-name taxi
 """
@@ -82,7 +88,10 @@ def client_worker(spec: dict) -> dict:
         import grpc
 
         def make_call():
-            channel = grpc.insecure_channel(spec["target"], options=[("grpc.max_send_message_length", 1 << 30)])
+            options = [("grpc.max_send_message_length", 1 << 30)]
+            if not spec.get("shared_connection"):
+                options.append(("grpc.use_local_subchannel_pool", 1))
+            channel = grpc.insecure_channel(spec["target"], options=options)
             predict = channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: no TensorFlow in this process
 
             def call() -> None:
@@ -106,35 +115,72 @@ def client_worker(spec: dict) -> dict:
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for thread in threads:
         thread.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_at_start = time.process_time()
     for thread in threads:
         thread.join()
-    return {"latencies": [x for own in latencies for x in own], "errors": errors[:5], "error_count": len(errors)}
+    return {"latencies": [x for own in latencies for x in own], "errors": errors[:5], "error_count": len(errors),
+            "cpu_s": time.process_time() - cpu_at_start}
 
 
-def run_clients(groups: list[dict], seconds: float) -> list[dict]:
-    """Starts one client process per group at once; returns each group's p50/p99 and requests/s."""
+def run_clients(groups: list[dict], seconds: float, server_pid: int | None = None) -> list[dict]:
+    """Starts each group's client processes at once; returns each group's p50/p99, requests/s and CPU per request.
+
+    A group's `clients` are spread over its `processes` (threads within a process share its GIL). CPU per request
+    is the server's and the group's own over the measured window: it tells whether the clients or the server ran
+    out of CPU.
+    """
     start_at = time.time() + 2.0 + 0.3 * sum(g["clients"] for g in groups) / 16  # time to connect and warm up
-    processes = []
+    launched = []
     for group in groups:
-        spec = {**group, "start_at": start_at, "stop_at": start_at + seconds}
-        processes.append(subprocess.Popen(
-            [sys.executable, __file__, "--client-worker", json.dumps(spec)], stdout=subprocess.PIPE, text=True,
-        ))
+        processes = max(1, min(group.get("processes", 1), group["clients"]))
+        shares = [group["clients"] // processes + (i < group["clients"] % processes) for i in range(processes)]
+        launched.append([subprocess.Popen(
+            [sys.executable, __file__, "--client-worker",
+             json.dumps({**group, "clients": share, "start_at": start_at, "stop_at": start_at + seconds})],
+            stdout=subprocess.PIPE, text=True,
+        ) for share in shares])
+    time.sleep(max(0.0, start_at - time.time()))
+    server_cpu_at_start, machine_at_start = _process_cpu_s(server_pid), _machine_cpu()
+    time.sleep(max(0.0, start_at + seconds - time.time()))
+    server_cpu_s = _process_cpu_s(server_pid) - server_cpu_at_start
+    busy, total = (after - before for after, before in zip(_machine_cpu(), machine_at_start, strict=True))
     results = []
-    for group, process in zip(groups, processes, strict=True):
-        out, _ = process.communicate(timeout=seconds + 120)
-        report = json.loads(out)
-        latencies = sorted(report["latencies"])
+    for group, processes in zip(groups, launched, strict=True):
+        reports = [json.loads(process.communicate(timeout=seconds + 120)[0]) for process in processes]
+        latencies = sorted(x for report in reports for x in report["latencies"])
+        errors = [e for report in reports for e in report["errors"]]
         if not latencies:
-            raise RuntimeError(f"{group['transport']} clients completed no request: {report['errors']}")
+            raise RuntimeError(f"{group['transport']} clients completed no request: {errors}")
         results.append({
-            "transport": group["transport"], "clients": group["clients"], "requests": len(latencies),
+            "transport": group["transport"], "clients": group["clients"], "processes": len(processes),
+            "requests": len(latencies),
             "p50_ms": 1000 * latencies[len(latencies) // 2],
             "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-            "requests_per_s": len(latencies) / seconds, "errors": report["error_count"],
-            "error_examples": report["errors"],
+            "requests_per_s": len(latencies) / seconds, "errors": sum(r["error_count"] for r in reports),
+            "error_examples": errors[:5],
+            "client_cpu_ms_per_request": 1000 * sum(r["cpu_s"] for r in reports) / len(latencies),
         })
+    requests = sum(r["requests"] for r in results)
+    for result in results:  # the server's CPU is shared by the groups of a mixed cell: per request of all of them
+        result["server_cpu_ms_per_request"] = 1000 * server_cpu_s / requests if server_pid else float("nan")
+        result["machine_busy"] = busy / total if total else float("nan")
     return results
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` (all its threads) from /proc; 0 without a pid."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_cpu() -> tuple[int, int]:
+    """Busy and total jiffies of all CPUs (first line of /proc/stat): how loaded the whole machine was."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
 
 
 # ------------------------------------------------------------------------------------------------------- server
@@ -340,18 +386,23 @@ def median_cell(runs: list[dict]) -> dict:
         "p50_ms": statistics.median(r["p50_ms"] for r in runs), "p99_ms": statistics.median(r["p99_ms"] for r in runs),
         "requests_per_s": middle, "spread": (max(rates) - min(rates)) / middle if middle else 0.0,
         "errors": sum(r["errors"] for r in runs), "runs": runs,
+        **{key: statistics.median(r[key] for r in runs)
+           for key in ("client_cpu_ms_per_request", "server_cpu_ms_per_request", "machine_busy")},
     }
 
 
 def format_tables(results: dict) -> str:
     lines = [
-        "| batching | cell | transport | clients | p50 ms | p99 ms | requests/s | spread | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| batching | cell | transport | clients | p50 ms | p99 ms | requests/s | spread | errors "
+        "| server CPU ms/request | clients' CPU ms/request | machine busy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in results["load"]:
         lines.append(
             f"| {cell['batching']} | {cell['cell']} | {cell['transport']} | {cell['clients']} | {cell['p50_ms']:.2f} "
-            f"| {cell['p99_ms']:.2f} | {cell['requests_per_s']:.0f} | {100 * cell['spread']:.0f}% | {cell['errors']} |"
+            f"| {cell['p99_ms']:.2f} | {cell['requests_per_s']:.0f} | {100 * cell['spread']:.0f}% | {cell['errors']} "
+            f"| {cell['server_cpu_ms_per_request']:.2f} | {cell['client_cpu_ms_per_request']:.2f} "
+            f"| {100 * cell['machine_busy']:.0f}% |"
         )
     lines += ["", "| request | transport | MB | answer | seconds | peak server memory rise MB | rise / size |",
               "|---|---|---:|---|---:|---:|---:|"]
@@ -365,7 +416,8 @@ def format_tables(results: dict) -> str:
         lines.append(f"| {cell['rows']} row(s) | {cell['p50_ms']:.2f} | {cell['p99_ms']:.2f} |")
     lines.append("")
     lines.append(f"server resident memory at start: {results['server_rss_mb']:.0f} MB; "
-                 f"load average before/after: {results['load_average']}")
+                 f"load average before/after: {results['load_average']}; each transport's clients in "
+                 f"{results['client_processes']} process(es); \"before\": the --before-repo server, batching off")
     return "\n".join(lines)
 
 
@@ -373,16 +425,18 @@ def target_lines(results: dict, baseline: dict | None) -> list[str]:
     """Issue 14's targets, computed from this run (and the baseline's run for "x times today's")."""
     cell = {(c["batching"], c["cell"], c["transport"]): c for c in results["load"]}
     lines = ["targets:"]
+    baseline_cells = {(c["batching"], c["cell"], c["transport"]): c for c in baseline["load"]} if baseline else {}
     for transport in ("rest", "grpc"):
         on = cell.get(("on", "alone", transport))
-        if baseline is not None and on is not None:
-            before = {(c["batching"], c["cell"], c["transport"]): c for c in baseline["load"]}.get(
-                ("off", "alone", transport))
-            if before:
+        references = [("batching off, this run", cell.get(("off", "alone", transport))),
+                      ("the code before, this run", cell.get(("before", "alone", transport))),
+                      ("batching off, --baseline run", baseline_cells.get(("off", "alone", transport)))]
+        for what, before in references:
+            if on is not None and before is not None:
                 lines.append(
                     f"  {transport} x{on['clients']} throughput {on['requests_per_s']:.0f}/s vs "
-                    f"{before['requests_per_s']:.0f}/s before: {on['requests_per_s'] / before['requests_per_s']:.2f}x "
-                    f"(target 3x); p99 {on['p99_ms']:.1f} vs {before['p99_ms']:.1f} ms (target: no worse)")
+                    f"{before['requests_per_s']:.0f}/s ({what}): {on['requests_per_s'] / before['requests_per_s']:.2f}x"
+                    f" (target 3x); p99 {on['p99_ms']:.1f} vs {before['p99_ms']:.1f} ms (target: no worse)")
         lat_on, lat_off = cell.get(("on", "latency", transport)), cell.get(("off", "latency", transport))
         if lat_on and lat_off:
             difference = lat_on["p50_ms"] - lat_off["p50_ms"]
@@ -444,11 +498,18 @@ def main() -> int:
     parser.add_argument("--no-batching", action="store_true", help="only batching off (code that cannot batch)")
     parser.add_argument("--only-batching", action="store_true", help="only batching on")
     parser.add_argument("--max-batch-size", type=int, default=1024, help="the server's --max-batch-size")
+    parser.add_argument("--client-processes", type=int, default=4,
+                        help="processes each transport's clients are spread over (default 4)")
+    parser.add_argument("--grpc-shared-connection", action="store_true",
+                        help="a process's gRPC clients share one connection (grpc's global subchannel pool)")
     parser.add_argument("--grpc-workers", type=int, default=8, help="the server's --grpc-workers")
     parser.add_argument("--max-request-mb", type=float, default=60.0, help="size of the largest admitted request")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--cells", default="latency,alone,mixed", help="which load cells to run (comma-separated)")
     parser.add_argument("--baseline", type=Path, help="serving_benchmark.json of an earlier run (e.g. the code before)")
+    parser.add_argument("--before-repo", type=Path,
+                        help="checkout of the code before (e.g. `git archive` of an older commit): its server, "
+                             "batching off, runs the alone cells first in this same run; the targets compare with it")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks")
     args = parser.parse_args()
     if args.client_worker:
@@ -478,19 +539,23 @@ def main() -> int:
     def group(transport: str, clients: int, server: ServerProcess) -> dict:
         target = server.rest_target if transport == "rest" else server.grpc_target
         return {"transport": transport, "clients": clients, "target": target, "path": path,
-                "request_file": str(scratch / f"{transport}.req")}
+                "request_file": str(scratch / f"{transport}.req"), "processes": args.client_processes,
+                "shared_connection": args.grpc_shared_connection}
 
     server_flags = ["--max-batch-size", str(args.max_batch_size), "--grpc-workers", str(args.grpc_workers)]
-    modes = [("off", server_flags)]
+    server_repo = args.server_repo.resolve()
+    modes = [("off", server_repo, server_flags)]
     if not args.no_batching:
-        modes.append(("on", [*server_flags,
-                             "--enable_batching", "--batching_parameters_file",
-                             str(args.batching_parameters_file.resolve())]))
+        modes.append(("on", server_repo, [*server_flags, "--enable_batching", "--batching_parameters_file",
+                                          str(args.batching_parameters_file.resolve())]))
     if args.only_batching:
         modes = modes[1:]
-    results: dict = {"load": [], "memory": [], "load_average": [os.getloadavg()[0]]}
-    for batching, extra in modes:
-        server = ServerProcess(args.server_repo.resolve(), base_path, args.model_name, extra)
+    if args.before_repo:  # first, so "before" and "after" see the machine alike as far as one run can
+        modes.insert(0, ("before", args.before_repo.resolve(), server_flags))
+    results: dict = {"load": [], "memory": [], "load_average": [os.getloadavg()[0]],
+                     "client_processes": args.client_processes}
+    for batching, repo, extra in modes:
+        server = ServerProcess(repo, base_path, args.model_name, extra)
         try:
             for transport in ("rest", "grpc"):  # the first calls trace and initialize the model: not measured
                 target = server.rest_target if transport == "rest" else server.grpc_target
@@ -503,20 +568,23 @@ def main() -> int:
                 ("mixed", [("rest", args.clients), ("grpc", args.clients)]),
             ]
             for name, groups in cells:
-                if name not in args.cells.split(","):
+                if name not in args.cells.split(",") or (batching == "before" and name != "alone"):
                     continue
-                runs = [run_clients([group(t, c, server) for t, c in groups], args.seconds)
+                runs = [run_clients([group(t, c, server) for t, c in groups], args.seconds, server.process.pid)
                         for _ in range(args.repeats)]
                 for index in range(len(groups)):
                     cell = median_cell([run[index] for run in runs])
                     cell.update(batching=batching, cell=name)
                     results["load"].append(cell)
-                    print(f"batching {batching:3} {name:7} {cell['transport']:4} x{cell['clients']:2}: "
+                    print(f"batching {batching:6} {name:7} {cell['transport']:4} x{cell['clients']:2}: "
                           f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  "
-                          f"{cell['requests_per_s']:7.0f} req/s (spread {100 * cell['spread']:.0f}%)"
+                          f"{cell['requests_per_s']:7.0f} req/s (spread {100 * cell['spread']:.0f}%)  CPU ms/request: "
+                          f"server {cell['server_cpu_ms_per_request']:.2f}, "
+                          f"clients {cell['client_cpu_ms_per_request']:.2f}; "
+                          f"machine busy {100 * cell['machine_busy']:.0f}%"
                           + (f"  {cell['errors']} errors: {cell['runs'][0]['error_examples'][:1]}"
                              if cell["errors"] else ""), flush=True)
-            if not args.skip_memory and batching == modes[-1][0]:
+            if not args.skip_memory and batching == modes[-1][0] and batching != "before":
                 big_rows = largest_admitted_rows(rows, signature, args.max_batch_size,
                                                  int(args.max_request_mb * 1e6))
                 big = rows_to_columns(big_rows, signature.inputs, drop_unknown_features=True)

@@ -21,35 +21,39 @@ def check_inputs(
     servable: ServableVersion, signature: Signature, inputs: Mapping[str, np.ndarray], max_batch_size: int
 ) -> None:
     """Raises INVALID_ARGUMENT unless `inputs` has the signature's names, compatible shapes and one batch size."""
-    expected = set(signature.inputs)
-    given = set(inputs)
-    for name in sorted(given - expected):
-        raise invalid_argument(
-            f"input tensor alias not found in signature: {name}. "
-            f"Inputs expected to be in the set {{{','.join(sorted(expected))}}}."
-        )
-    missing = sorted(expected - given)
-    if missing:
+    expected = signature.inputs
+    if inputs.keys() != expected.keys():
+        given = set(inputs)
+        for name in sorted(given - set(expected)):
+            raise invalid_argument(
+                f"input tensor alias not found in signature: {name}. "
+                f"Inputs expected to be in the set {{{','.join(sorted(expected))}}}."
+            )
+        missing = sorted(set(expected) - given)
         raise invalid_argument(
             f"Request inputs do not match required inputs for model `{servable.model_name}`. "
             f"Send extra: {{}}. Missing but required: {{{','.join(missing)}}}."
         )
-    batch_sizes = {}
+    batch_size = None
+    one_batch_size = True
     patterns = signature.input_shape_patterns
     for name, value in inputs.items():
+        shape = value.shape
         pattern = patterns[name]
-        if pattern is not None and not _shape_matches(value.shape, *pattern):
+        if pattern is not None and not _shape_matches(shape, *pattern):
             raise invalid_argument(
-                f"Input {name} has shape {list(value.shape)} but the signature expects "
+                f"Input {name} has shape {list(shape)} but the signature expects "
                 f"{signature.input_dims[name]} (-1 means any size)."
             )
-        if value.ndim >= 1:
-            batch_sizes[name] = value.shape[0]
-    if len(set(batch_sizes.values())) > 1:
-        raise invalid_argument(
-            f"Input tensors must have the same 0th-dimension (batch) size; got {dict(sorted(batch_sizes.items()))}."
-        )
-    check_batch_size(next(iter(batch_sizes.values()), 0), max_batch_size)
+        if shape:
+            if batch_size is None:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                one_batch_size = False
+    if not one_batch_size:
+        batch_sizes = {name: value.shape[0] for name, value in sorted(inputs.items()) if value.ndim}
+        raise invalid_argument(f"Input tensors must have the same 0th-dimension (batch) size; got {batch_sizes}.")
+    check_batch_size(batch_size or 0, max_batch_size)
 
 
 def check_output_filter(signature: Signature, output_filter: Sequence[str]) -> None:
@@ -98,4 +102,9 @@ def _filtered(outputs: dict[str, np.ndarray], output_filter: Sequence[str]) -> d
 
 
 def _shape_matches(actual: tuple[int, ...], rank: int, fixed: tuple[tuple[int, int], ...]) -> bool:
-    return len(actual) == rank and all(actual[axis] == size for axis, size in fixed)
+    if len(actual) != rank:
+        return False
+    for axis, size in fixed:  # most inputs fix no dimension: no generator to set up
+        if actual[axis] != size:
+            return False
+    return True

@@ -38,6 +38,11 @@ class Signature:
         return {name: tf.dtypes.as_dtype(info.dtype) for name, info in self.inputs.items()}
 
     @functools.cached_property
+    def input_dtype_enums(self) -> dict[str, int]:
+        """Each input's DataType enum, as a TensorProto's `dtype` holds it."""
+        return {name: info.dtype for name, info in self.inputs.items()}
+
+    @functools.cached_property
     def input_dims(self) -> dict[str, list[int] | None]:
         """Each input's declared shape (-1: any size; None: unknown rank), read from the protos once."""
         return {name: signature_dims(info) for name, info in self.inputs.items()}

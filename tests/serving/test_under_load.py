@@ -15,6 +15,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving import ServingLimits
+from serving.batching import BatchingParameters
 from serving.servable import Signature
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, start_server, wait_for
 from tests.serving.test_rest_protocol import raw_exchange, split_response
@@ -266,10 +267,13 @@ def test_deeply_nested_values_get_400_without_a_traceback(server, caplog, depth,
 
 
 # -- 6. fairness between transports ----------------------------------------------------------------------------
-def test_mixed_load_serves_both_transports(repository):
+@pytest.mark.parametrize("batching", [
+    None, BatchingParameters(max_batch_size=8, batch_timeout_micros=500, num_batch_threads=2),
+], ids=["batching off", "batching on"])
+def test_mixed_load_serves_both_transports(repository, batching):
     # Four clients on each transport for a second and a half: neither may be starved (the benchmark measures how
     # fair; here each must get a good share of the answers).
-    server = start_server(repository, batching=None, grpc_workers=8)
+    server = start_server(repository, batching=batching, grpc_workers=8)
     counts = {"rest": 0, "grpc": 0}
     stop = time.monotonic() + 1.5
 
@@ -297,11 +301,14 @@ def test_mixed_load_serves_both_transports(repository):
             client.start()
         for client in clients:
             client.join(20)
+        stats = server.scheduler.stats
     finally:
         server.stop()
     total = counts["rest"] + counts["grpc"]
     assert total > 20, counts
     assert min(counts.values()) >= 0.2 * total, counts
+    if batching is not None:  # the transports' requests shared batches
+        assert stats.mixed_transport_batches > 0 and stats.batches < stats.tasks, stats
 
 
 # -- 7. contract gaps ------------------------------------------------------------------------------------------

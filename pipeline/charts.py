@@ -16,7 +16,9 @@ FONT = "font-family:sans-serif;font-size:11px"
 def _fmt(value: float) -> str:
     if value == 0 or not math.isfinite(value):
         return str(value if math.isfinite(value) else "n/a")
-    return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if abs(value) >= 1000 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 def _svg(name: str, width: int, height: int, body: str, label: str) -> str:
@@ -36,12 +38,14 @@ def bars(name: str, rows: Sequence[tuple[str, float, str]], label: str, width: i
     plot = max(60, width - label_width - note_width)
     top = max((r[1] for r in rows if math.isfinite(r[1])), default=0.0) or 1.0
     parts = []
+    fits = max(8, (label_width - 12) // 6)
     for i, (text, value, note) in enumerate(rows):
         y = 4 + i * (bar_height + 4)
+        shown = text if len(text) <= fits else text[:fits - 1] + "\u2026"
         length = plot * max(0.0, value) / top if math.isfinite(value) and top > 0 else 0.0
         color = colors[i] if i < len(colors) and colors[i] else COLORS[0]
         parts.append(
-            f"<text x='{label_width - 6}' y='{y + bar_height - 4}' text-anchor='end'>{html.escape(text)}</text>"
+            f"<text x='{label_width - 6}' y='{y + bar_height - 4}' text-anchor='end'>{html.escape(shown)}</text>"
             f"<rect x='{label_width}' y='{y}' width='{length:.1f}' height='{bar_height}' fill='{color}'>"
             f"<title>{html.escape(f'{text}: {_fmt(value)} {note}'.strip())}</title></rect>"
             f"<text x='{label_width + length + 4:.1f}' y='{y + bar_height - 4}'>{_fmt(value)} "

@@ -50,6 +50,10 @@ def _num(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
 
 
+def _count(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) and math.isfinite(value) else ""
+
+
 def _table(head: list[str], rows: list[list[str]]) -> str:
     """A table of already escaped cells."""
     return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
@@ -222,7 +226,8 @@ def _slices(summary: dict[str, Any], metric: str) -> str:
     names = [n for n in ("example_count", metric, *sorted({k for _, m in rows for k in m})) if "/" not in n]
     names = list(dict.fromkeys(n for n in names if any(n in m for _, m in rows) and not n.endswith("_diff")))
     table = _table(["slice"] + [_e(n) for n in names],
-                   [[_e(name)] + [_num(m[n]) if n in m else "" for n in names] for name, m in rows])
+                   [[_e(name)] + [_count(m.get(n)) if n == "example_count" else _num(m[n]) if n in m else ""
+                                  for n in names] for name, m in rows])
     return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; slices "
             f"under {FEW_ROWS} rows in orange: their figures swing with a single row.</p>{chart}{table}")
 
@@ -465,7 +470,7 @@ def index_page(summaries: list[tuple[str, dict[str, Any]]]) -> str:
             f"<a href='{_e(folder)}/summary.html'>{_e(summary.get('run_id', folder))}</a>",
             _e((summary.get("task") or {}).get("kind", "")),
             f"{_e(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
-            _num(int(metrics["example_count"])) if "example_count" in metrics else "",
+            _count(metrics.get("example_count")),
             {True: "<span class='good'>yes</span>", False: "<span class='bad'>no</span>", None: "not judged"}[
                 summary.get("blessed")],
             _e(summary.get("published_version") if summary.get("published_version") is not None else ""),

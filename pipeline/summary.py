@@ -102,6 +102,8 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
         elif output.type_name == "Model":
             _read_model_reports(summary, artifact.uri)
     summary.task = dict(summary.export.get("task") or {})
+    if summary.export.get("predicted_actual"):
+        summary.plots["predicted_actual"] = summary.export["predicted_actual"]
     previous = None
     if len(runs) > 1:
         previous = [o for o in metadata.run_outputs(store, runs[-2], pipeline_name)

@@ -14,7 +14,9 @@ import tensorflow as tf
 from components.model import apply_hyperparameters
 from pipeline import cli
 from pipeline.runner import run_local
+from tests.browser import render
 from tests.conftest import as_cli_flags, small_config, small_overrides
+from tests.pipeline.test_report_page import report_problems
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
              "Transform", "Tuner", "Trainer", "Optimizer", "Evaluator", "Exporter", "Publisher"]
@@ -127,6 +129,24 @@ def test_second_run_is_served_from_the_cache(first_and_second_run):
     assert sorted(second.cached_stages) == sorted(CACHEABLE)
     assert second.pushed_path == first.pushed_path
     assert len(os.listdir(config.serving_dir)) == 1
+
+
+def test_run_reports_render_in_a_headless_browser(first_and_second_run):
+    config, first, second = first_and_second_run
+    runs = Path(config.output_root, "runs")
+    rendered = render(runs / first.run_id / "summary.html")
+    assert report_problems(rendered, "binary") == []
+    assert rendered.charts["distribution"] >= 2 * len(config.features), "a chart per feature and split"
+    dom = rendered.dom
+    assert "Best values:" in dom and dom.count("<tr>") > 20
+    assert f"versions/{first.published_version}:predict" in dom and "GrpcClient" in dom
+    again = render(runs / second.run_id / "summary.html")
+    assert report_problems(again, "binary") == []
+    assert again.dom.count("cached</text>") == len(CACHEABLE), "every stage of the second run is marked cached"
+    assert f"Same statistics as run {first.run_id}" in again.dom
+    index = render(runs / "index.html")
+    assert index.console == []
+    assert f"{first.run_id}/summary.html" in index.dom and f"{second.run_id}/summary.html" in index.dom
 
 
 def test_run_then_serve_prints_rest_and_grpc_predictions(first_and_second_run, capsys):

@@ -363,16 +363,19 @@ def _calibration(summary: dict[str, Any]) -> str:
               "they say.</p>")
 
 
-def _optimization(summary: dict[str, Any]) -> str:
-    report = summary.get("optimization") or {}
+def optimization_html(report: dict[str, Any]) -> str:
+    """The Optimizer's report as tables (each model's size and metric, sparsity per layer) and a sparsity chart."""
     if not report:
         return "<p class='note'>The Optimizer recorded no report in this run.</p>"
     metric = report.get("metric", "auc")
     stages = [name for name in ("input", "distilled", "pruned") if isinstance(report.get(name), dict)]
-    columns = ["parameters", "gzip_bytes", metric, "degradation"]
+    sizes = ["parameters", "nonzero_parameters", "gzip_bytes"]
+    figures = [metric] + sorted({k for stage in stages for k, v in report[stage].items()
+                                 if isinstance(v, float) and k not in (metric, "degradation")})
+    columns = [c for c in (*sizes, *figures, "degradation") if any(c in report[stage] for stage in stages)]
     rows = [[_e(stage)] + [_num(report[stage][c]) if c in report[stage] else "" for c in columns] for stage in stages]
     parts = [f"<p>Stages run: {_e(', '.join(report.get('stages', [])) or 'none')}; judged by {_e(metric)}.</p>",
-             _table(["model", "parameters", "gzip bytes", _e(metric), "degradation"], rows)]
+             _table(["model"] + [_e(c.replace("_", " ")) for c in columns], rows)]
     sparsity = (report.get("pruned") or {}).get("kernel_sparsity") or {}
     if sparsity:
         parts.append("<h3>Sparsity per layer</h3>"
@@ -454,7 +457,9 @@ def _header(summary: dict[str, Any]) -> str:
 def run_page(summary: dict[str, Any]) -> str:
     """The whole report of one run, from a RunSummary as a dict."""
     render = {"timeline": _timeline, "data": _data, "training": _training, "evaluation": _evaluation,
-              "calibration": _calibration, "optimization": _optimization, "export": _export, "serving": _serving}
+              "calibration": _calibration,
+              "optimization": lambda summary: optimization_html(summary.get("optimization") or {}),
+              "export": _export, "serving": _serving}
     body = "".join(f"<section id='{s}'><h2>{_e(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {_e(summary.get('run_id', ''))}"
             f"</title><style>{STYLE}</style></head><body>{_header(summary)}{body}</body></html>\n")

@@ -104,12 +104,16 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
     summary.task = dict(summary.export.get("task") or {})
     if summary.export.get("predicted_actual"):
         summary.plots["predicted_actual"] = summary.export["predicted_actual"]
-    previous = None
-    if len(runs) > 1:
-        previous = [o for o in metadata.run_outputs(store, runs[-2], pipeline_name)
+    # The newest earlier run that computed statistics (a run stopped before StatisticsGen has none).
+    previous, previous_run = [], ""
+    for earlier in reversed(runs[:-1]):
+        previous = [o for o in metadata.run_outputs(store, earlier, pipeline_name)
                     if o.type_name == "ExampleStatistics"]
+        if previous:
+            previous_run = earlier.name
+            break
     summary.data = read_data(by_type.get("ExampleStatistics", []), by_type.get("ExampleAnomalies", []),
-                             previous, runs[-2].name if len(runs) > 1 else "")
+                             previous, previous_run)
     summary.training.update(read_tuner(by_type.get("HyperParameters", []), by_type.get("TunerResults", [])))
     if summary.published_version is not None and features:
         examples = [o for o in by_type.get("Examples", []) if o.node == "CsvExampleGen"]

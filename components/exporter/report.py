@@ -83,10 +83,11 @@ def table_html(result: dict[str, Any]) -> str:
 
 
 def _html(result: dict[str, Any]) -> str:
+    from pipeline.report_page import optimization_html
+
     names = metric_names(result)
     optimization = result.get("optimization") or {}
-    opt_html = f"<h2>Optimization</h2><pre>{html.escape(json.dumps(optimization, indent=1))}</pre>" if optimization \
-        else ""
+    opt_html = f"<h2>Optimization</h2>{optimization_html(optimization)}" if optimization else ""
     verdict = "all formats agree with the SavedModel" if result["passed"] else "FAILED: nothing is pushed"
     task = result.get("task") or {"kind": "binary"}
     reference = ", ".join(f"{HEADINGS.get(name, name)} {result['reference'][name]:.4f}" for name in names)

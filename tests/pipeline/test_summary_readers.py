@@ -1,0 +1,42 @@
+"""What the run report reads from TFDV statistics: each feature's missing share and distribution, and drift."""
+import pytest
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
+from pipeline.summary import drift, feature_summary
+
+
+def dataset() -> statistics_pb2.DatasetFeatureStatistics:
+    stats = statistics_pb2.DatasetFeatureStatistics(num_examples=100)
+    fare = stats.features.add(type=statistics_pb2.FeatureNameStatistics.FLOAT)
+    fare.path.step.append("fare")
+    fare.num_stats.common_stats.tot_num_values = 90
+    fare.num_stats.mean, fare.num_stats.std_dev, fare.num_stats.min, fare.num_stats.max = 10.0, 2.0, 1.0, 30.0
+    histogram = fare.num_stats.histograms.add(type=statistics_pb2.Histogram.STANDARD)
+    for count in (10.0, 50.0, 30.0):
+        histogram.buckets.add(sample_count=count)
+    company = stats.features.add(type=statistics_pb2.FeatureNameStatistics.STRING)
+    company.path.step.append("company")
+    company.string_stats.common_stats.tot_num_values = 100
+    company.string_stats.unique = 2
+    company.string_stats.top_values.add(value="Flash", frequency=75)
+    company.string_stats.top_values.add(value="Taxi Co", frequency=25)
+    return stats
+
+
+def test_feature_summary_has_missing_share_and_distribution():
+    found = feature_summary(dataset())
+    assert found["fare"]["missing"] == pytest.approx(0.1) and found["fare"]["histogram"] == [10.0, 50.0, 30.0]
+    assert found["company"]["missing"] == 0.0 and found["company"]["top"] == [["Flash", 75.0], ["Taxi Co", 25.0]]
+
+
+def test_drift_measures_mean_shift_and_top_value_distance():
+    before = feature_summary(dataset())
+    after = feature_summary(dataset())
+    assert [d["value"] for d in drift(after, before)] == [0.0, 0.0]
+    after["fare"]["mean"] = 13.0  # 1.5 standard deviations of the previous run
+    after["fare"]["missing"] = 0.3
+    after["company"]["top"] = [["Flash", 50.0], ["Taxi Co", 50.0]]
+    found = {d["feature"]: d for d in drift(after, before)}
+    assert found["fare"]["value"] == pytest.approx(1.5) and found["fare"]["missing_change"] == pytest.approx(0.2)
+    assert found["company"]["value"] == pytest.approx(0.25)
+    assert found["company"]["measure"] == "L-infinity distance"

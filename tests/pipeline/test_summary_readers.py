@@ -40,3 +40,21 @@ def test_drift_measures_mean_shift_and_top_value_distance():
     assert found["fare"]["value"] == pytest.approx(1.5) and found["fare"]["missing_change"] == pytest.approx(0.2)
     assert found["company"]["value"] == pytest.approx(0.25)
     assert found["company"]["measure"] == "L-infinity distance"
+
+
+def test_a_model_artifacts_calibration_json_sets_the_reports_threshold(tmp_path):
+    from components import artifacts
+    from pipeline.report_page import run_page
+    from pipeline.summary import RunSummary, _read_model_reports
+    from tests.pipeline.test_report_page import CALIBRATION, thresholds
+
+    trainer, calibrated = tmp_path / "Trainer" / "1", tmp_path / "Calibrator" / "2"
+    artifacts.write_json(str(calibrated / artifacts.CALIBRATION_REPORT_JSON), CALIBRATION)
+    trainer.mkdir(parents=True)
+    summary = RunSummary(run_id="r1", metrics={"auc": 0.9, "example_count": 400.0},
+                         plots={"thresholds": thresholds()})
+    for uri in (trainer, calibrated):
+        _read_model_reports(summary, str(uri))
+    assert summary.calibration == CALIBRATION
+    page = run_page(summary.__dict__)
+    assert "Calibration and threshold" in page and "platt" in page and "at threshold 0.300" in page

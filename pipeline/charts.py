@@ -14,8 +14,8 @@ FONT = "font-family:sans-serif;font-size:11px"
 
 
 def _fmt(value: float) -> str:
-    if value == 0 or not math.isfinite(value):
-        return str(value if math.isfinite(value) else "n/a")
+    if not math.isfinite(value):
+        return "n/a"
     if abs(value) >= 1000 or float(value).is_integer():
         return f"{value:,.0f}"
     return f"{value:.3g}"

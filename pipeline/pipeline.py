@@ -59,7 +59,9 @@ TFMA_METRICS: dict[str, dict[str, tuple[str, str, str]]] = {
 }
 # Figures a person reads beside those, per kind.
 EXTRA_METRICS: dict[str, list[tuple[str, str, str]]] = {
-    "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration")],
+    # MeanLabel: the share of positives, so that the report calls out a slice of one class (its AUC means nothing).
+    "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration"),
+               ("MeanLabel", "", "mean_label")],
     "multiclass": [("MulticlassMetric", EVALUATOR_METRICS, "precision"),
                    ("MulticlassMetric", EVALUATOR_METRICS, "recall")],
     "regression": [],

@@ -220,16 +220,19 @@ def _slices(summary: dict[str, Any], metric: str) -> str:
             continue
         count = m.get("example_count", float("nan"))
         few = isinstance(count, float) and count < FEW_ROWS
-        bars.append((name, float(m[metric]), f"n={count:,.0f}" + (" (few rows)" if few else "")))
-        colors.append("#d9822b" if few else "")
+        one_class = m.get("mean_label") in (0.0, 1.0)
+        note = " (one class: AUC undefined)" if one_class else " (few rows)" if few else ""
+        bars.append((name, float(m[metric]), f"n={count:,.0f}{note}"))
+        colors.append("#d9822b" if few or one_class else "")
     chart = charts.bars("slices", bars, f"{metric} per slice with its example count", colors=colors)
     names = [n for n in ("example_count", metric, *sorted({k for _, m in rows for k in m})) if "/" not in n]
     names = list(dict.fromkeys(n for n in names if any(n in m for _, m in rows) and not n.endswith("_diff")))
     table = _table(["slice"] + [_e(n) for n in names],
                    [[_e(name)] + [_count(m.get(n)) if n == "example_count" else _num(m[n]) if n in m else ""
                                   for n in names] for name, m in rows])
-    return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; slices "
-            f"under {FEW_ROWS} rows in orange: their figures swing with a single row.</p>{chart}{table}")
+    return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; in "
+            f"orange, slices under {FEW_ROWS} rows (their figures swing with a single row) and slices whose rows are "
+            f"all of one class (mean_label 0 or 1: no ranking to judge).</p>{chart}{table}")
 
 
 def _binary_plots(summary: dict[str, Any]) -> str:

@@ -252,6 +252,13 @@ def _plot_value(plots: dict[str, Any], name: str) -> Any:
     return None
 
 
+def _weight(value: Any) -> float:
+    """A plot's weighted count: a number, or {"value": number} (TFMA writes either, by version)."""
+    if isinstance(value, dict):
+        value = value.get("value", 0.0)
+    return float(value or 0.0)
+
+
 def read_plots(uri: str) -> dict[str, Any]:
     """The Evaluator's plots on all eval rows: a binary model's confusion matrices per threshold (ROC, precision-
     recall and the matrix at the decision threshold come from them) and calibration buckets; a multiclass model's
@@ -275,15 +282,14 @@ def read_plots(uri: str) -> dict[str, Any]:
             found["calibration"] = [
                 {"low": float(b.get("lowerThresholdInclusive", 0.0)),
                  "high": float(b.get("upperThresholdExclusive", 0.0)),
-                 "count": float(b.get("numWeightedExamples", {}).get("value", 0.0)),
-                 "label": float(b.get("totalWeightedLabel", {}).get("value", 0.0)),
-                 "prediction": float(b.get("totalWeightedRefinedPrediction", {}).get("value", 0.0))}
-                for b in buckets.get("buckets", []) if b.get("numWeightedExamples", {}).get("value", 0.0)]
+                 "count": _weight(b.get("numWeightedExamples")), "label": _weight(b.get("totalWeightedLabel")),
+                 "prediction": _weight(b.get("totalWeightedRefinedPrediction"))}
+                for b in buckets.get("buckets", []) if _weight(b.get("numWeightedExamples"))]
         multiclass = _plot_value(plots, "multiClassConfusionMatrixAtThresholds")
         if multiclass and multiclass.get("matrices"):
             found["multiclass_confusion"] = [
                 [int(e.get("actualClassId", 0)), int(e.get("predictedClassId", 0)),
-                 float(e.get("numWeightedExamples", 0.0))]
+                 _weight(e.get("numWeightedExamples"))]
                 for e in multiclass["matrices"][0].get("entries", [])]
     return found
 

@@ -70,7 +70,8 @@ def summary(kind: str) -> dict:
     return {
         "run_id": f"2026-11-30T10:00:00 {kind}", "task": task, "metrics": metrics,
         "slices": {"payment_type=Cash": {metric: 0.85, "example_count": 380.0},
-                   f"payment_type={HOSTILE}": {metric: 0.0, "example_count": 20.0}},
+                   f"payment_type={HOSTILE}": {metric: 0.0, "example_count": 20.0},
+                   "payment_type=Unknown": {metric: 0.0, "example_count": 264.0, "mean_label": 0.0}},
         "blessed": True, "published_version": 3, "pushed_path": "/tmp/serving/taxi/3",
         "optimization": {"metric": metric, "stages": ["prune"],
                          "input": {"parameters": 3000, "gzip_bytes": 12000, metric: 0.88},
@@ -133,7 +134,8 @@ def test_user_data_is_escaped(pages, kind):
 def test_slices_show_their_example_counts_and_few_rows_stand_out(pages):
     _, rendered = pages["binary"]
     slices = re.search(r"data-chart=\"slices\".*?</svg>", rendered.dom, re.S).group(0)
-    assert "n=380" in slices and "n=20 (few rows)" in slices and "n=400" in slices
+    assert "n=380<" in slices and "n=20 (few rows)" in slices and "n=400<" in slices
+    assert "n=264 (one class: AUC undefined)" in slices
 
 
 def test_calibration_section_and_confusion_matrix_use_the_chosen_threshold(pages):

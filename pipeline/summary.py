@@ -268,7 +268,7 @@ def read_plots(uri: str) -> dict[str, Any]:
     result = tfma.load_eval_result(uri, model_name=_candidate_name(uri))
     found: dict[str, Any] = {}
     for slice_key, plots in result.plots or []:
-        if slice_key:
+        if slice_key or not plots:
             continue
         matrices = _plot_value(plots, "confusionMatrixAtThresholds")
         if matrices:

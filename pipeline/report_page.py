@@ -407,7 +407,7 @@ def _json_value(value: Any) -> Any:
 
 def rest_example(model_name: str, version: int, row: dict[str, Any], url: str = REST_URL) -> str:
     """A curl command that predicts `row` with one version over TF Serving's REST API."""
-    body = json.dumps({"instances": [{k: _json_value(v) for k, v in row.items()}]})
+    body = json.dumps({"instances": [{k: _json_value(v) for k, v in row.items()}]}, indent=1)
     return (f"curl -s -X POST {url}/v1/models/{model_name}/versions/{version}:predict \\\n"
             f"  -H 'Content-Type: application/json' \\\n  -d {shlex.quote(body)}")
 

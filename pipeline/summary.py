@@ -340,7 +340,11 @@ def serving_row(examples: Any, features: list[str], limit: int = 200) -> dict[st
             values = getattr(feature, feature.WhichOneof("kind")).value if feature and feature.WhichOneof("kind") \
                 else []
             value = values[0] if values else None
-            row[name] = value.decode() if isinstance(value, bytes) else value
+            if isinstance(value, bytes):
+                value = value.decode()
+            elif isinstance(value, float):
+                value = float(f"{value:.7g}")  # a float32 as written in the CSV, not 8.050000190734863
+            row[name] = value
         first = first or row
         if all(v is not None and v != "" for v in row.values()):
             return row

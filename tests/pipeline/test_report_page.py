@@ -3,6 +3,7 @@ chromium: every section and chart present, no console message, user data escaped
 used for the confusion matrix; a planted script error and a missing section are caught."""
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -176,8 +177,7 @@ def test_call_examples_carry_the_row_for_this_model_and_version():
     row = {"fare": 12.5, "company": "O'Hare Cab", "trip_miles": float("nan")}
     rest = rest_example("taxi", 3, row)
     assert "/v1/models/taxi/versions/3:predict" in rest
-    body = rest.split("-d ", 1)[1]
-    assert json.loads(body.strip("'").replace("'\"'\"'", "'")) == {
+    assert json.loads(shlex.split(rest.replace("\\\n", " "))[-1]) == {
         "instances": [{"fare": 12.5, "company": "O'Hare Cab", "trip_miles": None}]}
     code = grpc_example("taxi", 3, row)
     compiled = compile(code, "example", "exec")

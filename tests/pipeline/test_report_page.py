@@ -204,3 +204,13 @@ def test_write_index_reads_every_runs_summary(tmp_path):
     (tmp_path / "broken" / "summary.json").write_text("{")
     page = Path(write_index(str(tmp_path))).read_text()
     assert page.index("2026-02") < page.index("2026-01") and "broken" not in page
+
+
+@pytest.mark.parametrize("partial", [{"run_id": "data-only", "task": {"kind": "binary"}},
+                                     {**summary("binary"), "blessed": False, "published_version": None,
+                                      "export": {}, "serving": {}, "plots": {}, "training": {}, "data": {}}])
+def test_a_run_that_stopped_early_still_gets_every_section_with_a_reason(partial):
+    page = run_page(partial)
+    for section in SECTIONS:
+        assert f"<section id='{section}'>" in page
+    assert "Nothing was published" in page and "Nothing was exported" in page

@@ -327,7 +327,8 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
         names = [n for n in (metric, "auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc",
                              "accuracy", "log_loss", "rmse", "mae", "r2", "example_count") if n in base]
         names = list(dict.fromkeys(names))
-        rows = [[_e(n), _num(candidate.get(n, float("nan"))), _num(base[n]),
+        shown = {n: (_count if n == "example_count" else _num) for n in names}
+        rows = [[_e(n), shown[n](candidate.get(n, float("nan"))), shown[n](base[n]),
                  f"{candidate[n] - base[n]:+.4f}" if n in candidate else ""] for n in names]
         parts.append(_table(["metric", "candidate", "baseline", "change"], rows))
     else:

@@ -93,10 +93,15 @@ def lines(name: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]]
         return top + plot_h * (1 - (y - y0) / (y1 - y0))
 
     parts = [f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#bbb'/>"]
+    # Whole-number x values (epochs) get whole-number ticks.
+    whole = all(float(x).is_integer() for x, _ in finite)
+    x_ticks = range(int(x0), int(x1) + 1, max(1, math.ceil((x1 - x0) / 4))) if whole else \
+        [x0 + (x1 - x0) * i / 4 for i in range(5)]
+    for xv in x_ticks:
+        parts.append(f"<text x='{sx(xv):.1f}' y='{top + plot_h + 13}' text-anchor='middle'>{_fmt(xv)}</text>")
     for i in range(5):
-        xv, yv = x0 + (x1 - x0) * i / 4, y0 + (y1 - y0) * i / 4
-        parts.append(f"<text x='{sx(xv):.1f}' y='{top + plot_h + 13}' text-anchor='middle'>{_fmt(xv)}</text>"
-                     f"<text x='{left - 4}' y='{sy(yv) + 4:.1f}' text-anchor='end'>{_fmt(yv)}</text>")
+        yv = y0 + (y1 - y0) * i / 4
+        parts.append(f"<text x='{left - 4}' y='{sy(yv) + 4:.1f}' text-anchor='end'>{_fmt(yv)}</text>")
     parts.append(f"<text x='{left + plot_w / 2:.1f}' y='{height - 4}' text-anchor='middle'>"
                  f"{html.escape(x_label)}</text>"
                  f"<text transform='translate(11,{top + plot_h / 2:.1f}) rotate(-90)' text-anchor='middle'>"

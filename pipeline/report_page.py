@@ -230,9 +230,11 @@ def _slices(summary: dict[str, Any], metric: str) -> str:
     table = _table(["slice"] + [_e(n) for n in names],
                    [[_e(name)] + [_count(m.get(n)) if n == "example_count" else _num(m[n]) if n in m else ""
                                   for n in names] for name, m in rows])
+    one_class = (" and slices whose rows are all of one class (mean_label 0 or 1: no ranking to judge)"
+                 if (summary.get("task") or {}).get("kind", "binary") == "binary" else "")
     return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; in "
-            f"orange, slices under {FEW_ROWS} rows (their figures swing with a single row) and slices whose rows are "
-            f"all of one class (mean_label 0 or 1: no ranking to judge).</p>{chart}{table}")
+            f"orange, slices under {FEW_ROWS} rows (their figures swing with a single row){one_class}.</p>"
+            f"{chart}{table}")
 
 
 def _binary_plots(summary: dict[str, Any]) -> str:

@@ -85,6 +85,9 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
     by_type: dict[str, list[metadata.Output]] = {}
     for output in outputs:
         by_type.setdefault(output.type_name, []).append(output)
+    # StatisticsGen's and ExampleValidator's outputs, not the Transform's statistics and anomalies of the same types.
+    statistics = [o for o in by_type.get("ExampleStatistics", []) if o.key == "statistics"]
+    anomalies = [o for o in by_type.get("ExampleAnomalies", []) if o.key == "anomalies"]
     for output in outputs:
         artifact, props = output.artifact, output.artifact.custom_properties
         if output.type_name == "ModelEvaluation":
@@ -108,12 +111,11 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
     previous, previous_run = [], ""
     for earlier in reversed(runs[:-1]):
         previous = [o for o in metadata.run_outputs(store, earlier, pipeline_name)
-                    if o.type_name == "ExampleStatistics"]
+                    if o.type_name == "ExampleStatistics" and o.key == "statistics"]
         if previous:
             previous_run = earlier.name
             break
-    summary.data = read_data(by_type.get("ExampleStatistics", []), by_type.get("ExampleAnomalies", []),
-                             previous, previous_run)
+    summary.data = read_data(statistics, anomalies, previous, previous_run)
     summary.training.update(read_tuner(by_type.get("HyperParameters", []), by_type.get("TunerResults", [])))
     if summary.published_version is not None and features:
         examples = [o for o in by_type.get("Examples", []) if o.node == "CsvExampleGen"]

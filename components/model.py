@@ -457,7 +457,8 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         # every worker saves it (collective ops), the others into their scratch folder.
         save_keras_model(model, artifacts.parent(fn_args.serving_model_dir) if scratch is None else scratch)
         if scratch is None:
-            write_training_history(artifacts.parent(fn_args.serving_model_dir), history.history, training, task)
+            write_training_history(artifacts.parent(fn_args.serving_model_dir), history.history,
+                                   dataclasses.replace(training, train_steps=fn_args.train_steps), task)
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
             artifacts.remove_tree(artifacts.backup_dir(fn_args.model_run_dir))
     finally:

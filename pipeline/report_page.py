@@ -150,6 +150,10 @@ def _data(summary: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _setting(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else _e(value)
+
+
 def _training(summary: dict[str, Any]) -> str:
     training = summary.get("training") or {}
     parts = []
@@ -175,13 +179,13 @@ def _training(summary: dict[str, Any]) -> str:
     settings = training.get("settings") or {}
     if settings:
         parts.append("<h3>Hyperparameters</h3>" + _table(["setting", "value"],
-                                                         [[_e(k), _e(v)] for k, v in settings.items()]))
+                                                         [[_e(k), _setting(v)] for k, v in settings.items()]))
     best = training.get("tuner_best")
     trials = training.get("tuner_trials")
     if best is not None or trials:
         parts.append("<h3>Tuner</h3>")
         if best:
-            parts.append("<p>Best values: " + _e(", ".join(f"{k} {v}" for k, v in best.items())) + "</p>")
+            parts.append("<p>Best values: " + ", ".join(f"{_e(k)} {_setting(v)}" for k, v in best.items()) + "</p>")
         if trials:
             keys = [k for k in trials[0] if k not in ("trial_id", "score")]
             parts.append(_table(["trial", "score"] + [_e(k) for k in keys],

@@ -12,6 +12,7 @@ import math
 import os
 import shlex
 from typing import Any
+from urllib.parse import quote
 
 from pipeline import charts
 
@@ -482,7 +483,8 @@ def index_page(summaries: list[tuple[str, dict[str, Any]]]) -> str:
         metrics = summary.get("metrics") or {}
         metric = task_metric_name(summary)
         rows.append([
-            f"<a href='{_e(folder)}/summary.html'>{_e(summary.get('run_id', folder))}</a>",
+            # "./" and quoting: a run id such as "2026-11-30T10:28:39" must not read as a URL scheme.
+            f"<a href='./{_e(quote(folder, safe=':'))}/summary.html'>{_e(summary.get('run_id', folder))}</a>",
             _e((summary.get("task") or {}).get("kind", "")),
             f"{_e(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
             _count(metrics.get("example_count")),

@@ -190,7 +190,7 @@ def test_index_lists_runs_with_their_figures_and_links(tmp_path):
     path.write_text(page)
     rendered = render(path)
     assert rendered.console == [] and rendered.ids.get("runs") == "section"
-    assert "href=\"run-b/summary.html\"" in rendered.dom and "auc 0.8700" in rendered.dom
+    assert "href=\"./run-b/summary.html\"" in rendered.dom and "auc 0.8700" in rendered.dom
     assert "rmse 0.8700" in rendered.dom and rendered.dom.index("run-b") < rendered.dom.index("run-a")
 
 

@@ -160,10 +160,12 @@ def _training(summary: dict[str, Any]) -> str:
     parts = []
     epochs = training.get("epochs") or {}
     if epochs:
+        numbers = training.get("epoch_numbers") or []
+
         def series(name: str) -> list[tuple[str, list[tuple[float, float]]]]:
-            found = [(label, [(i + 1.0, float(v)) for i, v in enumerate(epochs[key])])
-                     for label, key in (("train", name), ("validation", f"val_{name}")) if key in epochs]
-            return found
+            return [(label, [(float(numbers[i]) if i < len(numbers) else i + 1.0, float(v))
+                             for i, v in enumerate(epochs[key])])
+                    for label, key in (("train", name), ("validation", f"val_{name}")) if key in epochs]
         monitor = str(training.get("monitor", "val_auc"))
         metric = monitor[4:] if monitor.startswith("val_") else monitor
         count = max(len(v) for v in epochs.values())

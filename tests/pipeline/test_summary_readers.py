@@ -1,7 +1,8 @@
-"""What the run report reads from TFDV statistics: each feature's missing share and distribution, and drift."""
+"""What the run report reads: TFDV statistics (missing share, distribution, drift), calibration.json, the history."""
 import pytest
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
+from components.model import BINARY
 from pipeline.summary import drift, feature_summary
 
 
@@ -58,3 +59,27 @@ def test_a_model_artifacts_calibration_json_sets_the_reports_threshold(tmp_path)
     assert summary.calibration == CALIBRATION
     page = run_page(summary.__dict__)
     assert "Calibration and threshold" in page and "platt" in page and "at threshold 0.300" in page
+
+
+def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path):
+    import tensorflow as tf
+
+    from components import artifacts
+    from components.model import write_training_history
+    from pipeline.config import TrainingConfig
+    from pipeline.report_page import run_page
+    from pipeline.summary import RunSummary, _read_model_reports
+
+    history = tf.keras.callbacks.History()
+    # Resumed from the backup of epoch 2 (index 1): Keras logs epochs 3 and 4 only.
+    history.epoch, history.history = [2, 3], {"loss": [0.5, 0.4], "val_loss": [0.6, 0.5], "auc": [0.8, 0.85],
+                                              "val_auc": [0.78, 0.8]}
+    write_training_history(str(tmp_path), history, TrainingConfig(), BINARY)
+    written = artifacts.read_json(str(tmp_path / artifacts.TRAINING_HISTORY_JSON))
+    assert written["epoch_numbers"] == [3, 4] and written["monitor"] == "val_auc"
+    assert written["settings"]["hidden_units"] == TrainingConfig().hidden_units
+    summary = RunSummary(run_id="r")
+    _read_model_reports(summary, str(tmp_path))
+    page = run_page(summary.__dict__)
+    loss = page[page.index("data-chart='loss'"):page.index("</svg>", page.index("data-chart='loss'"))]
+    assert ">3</text>" in loss and ">4</text>" in loss and ">1</text>" not in loss

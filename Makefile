@@ -13,6 +13,7 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 # Tools whose dependencies clash with the ML stack (checkov), with kubectl and kubernetes-validate: their own venv.
 TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.synced
+CHROMIUM := /usr/bin/chromium
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
@@ -30,7 +31,18 @@ help:
 	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~80 min)"
 	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
 
-setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP)
+setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM)
+
+# Debian's chromium, in which tests load the run report (tests/browser.py): installed as root (CI); otherwise a
+# sentence says how, and only those tests fail.
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get install -y --no-install-recommends chromium || \
+	  { apt-get update && apt-get install -y --no-install-recommends chromium; }; \
+	else \
+	  echo "chromium is missing: the run report's browser tests need it; install it with" \
+	    "'sudo apt-get install -y --no-install-recommends chromium' (Debian)." >&2; \
+	fi
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):

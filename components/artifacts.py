@@ -21,6 +21,9 @@ SERVING_MODEL_DIR = "Format-Serving"
 KERAS_MODEL_FILE = "keras/model.keras"
 # The Optimizer's figures, at the root of its Model artifact.
 OPTIMIZATION_REPORT_FILE = "optimization_report.json"
+# The Trainer's per-epoch figures (train and validation) and the settings it trained with, at its artifact's root.
+TRAINING_HISTORY_JSON = "training_history.json"
+# The calibration step's figures and chosen decision threshold, at the root of the Model artifact it writes.
 CALIBRATION_REPORT_JSON = "calibration.json"
 # The Exporter's Model artifact: every format inside Format-Serving (the Pusher copies that folder to a version) ...
 EXPORT_REPORT_JSON = "export_report.json"

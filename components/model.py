@@ -365,6 +365,25 @@ def apply_hyperparameters(training: TrainingConfig, hyperparameters: dict[str, A
     )
 
 
+def write_training_history(model_uri: str, history: tf.keras.callbacks.History, training: TrainingConfig,
+                           task: Task) -> str:
+    """The per-epoch figures Keras logged (loss and the task's metrics, train and `val_`), the epochs' numbers (a
+    worker group restarted by BackupAndRestore logs only the epochs after the last backup) and the settings the
+    model trained with, as JSON at the root of the Model artifact at `model_uri`; returns its path."""
+    monitor, mode = training_objective(task)
+    path = artifacts.join(model_uri, artifacts.TRAINING_HISTORY_JSON)
+    artifacts.write_json(path, {
+        "epochs": {name: [float(v) for v in values] for name, values in history.history.items()},
+        "epoch_numbers": [int(epoch) + 1 for epoch in history.epoch],
+        "monitor": monitor,
+        "mode": mode,
+        "settings": {name: getattr(training, name) for name in (
+            "hidden_units", "learning_rate", "lr_schedule", "optimizer", "batch_size", "train_steps",
+            "steps_per_epoch", "dropout", "l2", "batch_norm", "activation", "class_weights")},
+    })
+    return path
+
+
 def run_fn(fn_args: tfx.components.FnArgs) -> None:
     """TFX Trainer entry point; the same function runs in every worker of a multi-worker job.
 
@@ -429,7 +448,7 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
                 update_freq="epoch",
             ),
         ]
-        model.fit(
+        history = model.fit(
             train,
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
@@ -445,6 +464,8 @@ def run_fn(fn_args: tfx.components.FnArgs) -> None:
         # every worker saves it (collective ops), the others into their scratch folder.
         save_keras_model(model, artifacts.parent(fn_args.serving_model_dir) if scratch is None else scratch)
         if scratch is None:
+            write_training_history(artifacts.parent(fn_args.serving_model_dir), history,
+                                   dataclasses.replace(training, train_steps=fn_args.train_steps), task)
             # Training ended normally: tf_keras emptied the backup; nothing is left to resume.
             artifacts.remove_tree(artifacts.backup_dir(fn_args.model_run_dir))
     finally:

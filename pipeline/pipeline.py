@@ -59,9 +59,18 @@ TFMA_METRICS: dict[str, dict[str, tuple[str, str, str]]] = {
 }
 # Figures a person reads beside those, per kind.
 EXTRA_METRICS: dict[str, list[tuple[str, str, str]]] = {
-    "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration")],
+    # MeanLabel: the share of positives, so that the report calls out a slice of one class (its AUC means nothing).
+    "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration"),
+               ("MeanLabel", "", "mean_label")],
     "multiclass": [("MulticlassMetric", EVALUATOR_METRICS, "precision"),
                    ("MulticlassMetric", EVALUATOR_METRICS, "recall")],
+    "regression": [],
+}
+# The run report's pictures, per kind (TFMA plots: per slice, one pass with the metrics). Few points keep them cheap:
+# 200 thresholds draw the ROC and precision-recall curves and give the confusion matrix at any threshold to 0.005.
+PLOTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "binary": [("ConfusionMatrixPlot", {"num_thresholds": 200}), ("CalibrationPlot", {"num_buckets": 10})],
+    "multiclass": [("MultiClassConfusionMatrixPlot", {})],
     "regression": [],
 }
 
@@ -108,6 +117,8 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     for class_name, module, key in EXTRA_METRICS[kind]:
         metrics.append(tfma.MetricConfig(class_name=class_name, module=module,
                                          config=json.dumps({"name": key}) if module else ""))
+    for class_name, settings in PLOTS[kind]:
+        metrics.append(tfma.MetricConfig(class_name=class_name, config=json.dumps(settings) if settings else ""))
     slicing = [tfma.SlicingSpec()]
     if evaluation.slice_feature:
         slicing.append(tfma.SlicingSpec(feature_keys=[evaluation.slice_feature]))

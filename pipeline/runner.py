@@ -137,7 +137,8 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         stage = progress.current or "the pipeline"
         raise PipelineError(f"{stage} failed: {error}; see the full log at {log_path}") from error
 
-    summary = latest_run(os.path.abspath(config.metadata_path), config.name)
+    summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)
+    summary.task.setdefault("kind", config.label.kind)
     summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
     summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
     summary.elapsed_seconds = round(progress.elapsed(), 2)

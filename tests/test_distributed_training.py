@@ -129,8 +129,10 @@ def test_only_the_chief_writes_the_model_and_the_tensorboard_logs(two_worker_run
                for event in glob.glob(os.path.join(model_run, "*", "events.out.tfevents.*"))}
     assert writers and writers <= chief_pids, "TensorBoard events come from the chief of each attempt only"
     (model,) = glob.glob(os.path.join(config.pipeline_root, "Trainer", "model", "*"))
-    # The SavedModel and, for the Optimizer and Exporter, the Keras model beside it: the chief's only.
-    assert sorted(os.listdir(model)) == ["Format-Serving", "keras"]
+    # The SavedModel, for the Optimizer and Exporter the Keras model beside it, and for the run report the per-epoch
+    # history: the chief's only.
+    assert sorted(os.listdir(model)) == ["Format-Serving", "keras", "training_history.json"]
+    assert summary.training["epochs"]["loss"] and summary.training["epochs"]["val_loss"]
     assert (Path(summary.pushed_path) / "saved_model.pb").exists()
     assert len(os.listdir(config.serving_dir)) == 1
 

@@ -1,10 +1,15 @@
 """The whole pipeline on 2,000 rows: a pruned, blessed model pushed to a TF Serving repository in four verified
 formats, a cached second run, an export gate that stops the push, a corrupted CSV stopped by the
 data-validation gate with nothing pushed, and a CSV that does not fit the config stopped before any stage."""
+import ast
 import csv
 import json
 import math
 import os
+import shlex
+import shutil
+import subprocess
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +19,9 @@ import tensorflow as tf
 from components.model import apply_hyperparameters
 from pipeline import cli
 from pipeline.runner import run_local
+from tests.browser import render
 from tests.conftest import as_cli_flags, small_config, small_overrides
+from tests.pipeline.test_report_page import report_problems
 
 CACHEABLE = ["CsvExampleGen", "ImportSchemaGen", "StatisticsGen", "ExampleValidator", "DataValidationGate",
              "Transform", "Tuner", "Trainer", "Optimizer", "Evaluator", "Exporter", "Publisher"]
@@ -127,6 +134,53 @@ def test_second_run_is_served_from_the_cache(first_and_second_run):
     assert sorted(second.cached_stages) == sorted(CACHEABLE)
     assert second.pushed_path == first.pushed_path
     assert len(os.listdir(config.serving_dir)) == 1
+
+
+def test_run_reports_render_in_a_headless_browser(first_and_second_run):
+    config, first, second = first_and_second_run
+    runs = Path(config.output_root, "runs")
+    rendered = render(runs / first.run_id / "summary.html")
+    assert report_problems(rendered, "binary") == []
+    assert rendered.charts["distribution"] >= 2 * len(config.features), "a chart per feature and split"
+    dom = rendered.dom
+    assert "Best values:" in dom and dom.count("<tr>") > 20
+    assert f"versions/{first.published_version}:predict" in dom and "GrpcClient" in dom
+    again = render(runs / second.run_id / "summary.html")
+    assert report_problems(again, "binary") == []
+    assert again.dom.count("cached</text>") == len(CACHEABLE), "every stage of the second run is marked cached"
+    assert f"Same statistics as run {first.run_id}" in again.dom
+    index = render(runs / "index.html")
+    assert index.console == []
+    assert f"{first.run_id}/summary.html" in index.dom and f"{second.run_id}/summary.html" in index.dom
+
+
+def test_the_reports_call_examples_answer_from_the_published_version(first_and_second_run, capsys):
+    from pipeline.report_page import grpc_example, rest_example
+    from serving.model_repository import ModelRepository
+    from serving.server import ModelServer
+
+    config, first, _ = first_and_second_run
+    model, version, row = config.model_name, first.published_version, first.serving["row"]
+    assert sorted(row) == sorted(config.features) and all(v not in (None, "") for v in row.values())
+    server = ModelServer(config_path=ModelRepository(config.serving_base_dir).config_path, rest_port=0, grpc_port=0,
+                         poll_seconds=0)
+    server.start()
+    try:
+        server.wait_until_available(model, version)
+        command = shlex.split(rest_example(model, version, row, server.rest_url).replace("\\\n", " "))
+        if shutil.which("curl"):
+            answered = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+        else:  # the same request without curl: its URL and body
+            request = urllib.request.Request(command[4], data=command[-1].encode(), method="POST")
+            answered = urllib.request.urlopen(request, timeout=30).read().decode()
+        exec(grpc_example(model, version, row, server.grpc_target), {})
+        printed = capsys.readouterr().out
+    finally:
+        server.stop()
+    [by_rest] = json.loads(answered)["predictions"]
+    assert 0 <= by_rest <= 1
+    [by_grpc] = ast.literal_eval(printed.strip())
+    assert abs(by_grpc["probabilities"] - by_rest) < 1e-6
 
 
 def test_run_then_serve_prints_rest_and_grpc_predictions(first_and_second_run, capsys):

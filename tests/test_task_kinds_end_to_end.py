@@ -14,7 +14,9 @@ from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.runner import run_local
 from serving.client import GrpcClient, RestClient, format_prediction
 from serving.model_repository import ModelRepository
+from tests.browser import render
 from tests.conftest import as_cli_flags
+from tests.pipeline.test_report_page import report_problems
 
 CONFIGS_DIR = DEFAULT_CONFIG.parent
 FORMATS = {"saved_model", "tflite/float32", "tflite/dynamic", "tflite/float16", "tflite/int8", "onnx", "tfjs"}
@@ -211,3 +213,12 @@ def test_the_shipped_tflite_and_tfjs_steps_answer_as_the_saved_model_does(run, t
         assert list(by_tflite["class"]) == names and by_tfjs["class"] == names
         assert by_tfjs["classes"] == [[c.decode() for c in row] for row in expected["classes"]]
         assert by_tflite["classes"].tolist() == by_tfjs["classes"]
+
+
+def test_the_run_report_draws_what_fits_the_task_kind(run):
+    config, summary, _ = run
+    rendered = render(Path(config.output_root, "runs", summary.run_id, "summary.html"))
+    assert report_problems(rendered, config.label.kind) == []
+    if config.label.kind == "multiclass":
+        for name in summary.export["task"]["classes"]:
+            assert f">{name}</text>" in rendered.dom

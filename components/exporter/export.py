@@ -122,6 +122,10 @@ def export_formats(
     return built
 
 
+# SavedModel predictions and labels of a regression that the export report keeps for the run report's chart.
+PREDICTED_ACTUAL_ROWS = 300
+
+
 def check_artifact(
     name: str, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: ExportConfig,
     kind: str = "binary", metric: str = "auto",
@@ -171,13 +175,20 @@ def verify(
         })
         logging.info("verified %s in %.1fs: max |diff| %.2e, %s, p50 %.3f ms", name, time.perf_counter() - started,
                      figures["max_abs_diff"], describe_figures(figures, task.kind), rows[-1]["latency_ms_p50"])
-    return {
+    result = {
         "task": {**task.describe(), "metric": metric},
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **reference_metrics},
         "artifacts": rows,
         "passed": all(r["check"]["passed"] for r in rows),
     }
+    if task.kind == "regression" and len(data.labels):
+        # The run report draws predicted against actual from these rows (TFMA has no such plot for a regression).
+        picked = np.unique(np.linspace(0, len(data.labels) - 1, min(PREDICTED_ACTUAL_ROWS, len(data.labels))
+                                       ).astype(int))
+        values = np.asarray(reference).reshape(-1)
+        result["predicted_actual"] = [[float(values[i]), float(data.labels[i])] for i in picked]
+    return result
 
 
 def gate_message(result: dict[str, Any]) -> str:

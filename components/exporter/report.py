@@ -37,7 +37,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _chart(result: dict[str, Any]) -> str:
+def chart_png(result: dict[str, Any]) -> str:
     """Size and median latency per artifact as two bar charts, a base64 PNG."""
     import matplotlib
 
@@ -62,7 +62,8 @@ def _chart(result: dict[str, Any]) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def _html(result: dict[str, Any]) -> str:
+def table_html(result: dict[str, Any]) -> str:
+    """The report's table as HTML: one row per artifact, its check passed or failed (shaded)."""
     names = metric_names(result)
     head = ("<tr><th>artifact</th><th>size KiB</th><th>max |diff| vs SavedModel</th>"
             + "".join(f"<th>{html.escape(HEADINGS.get(name, name))}</th>" for name in names)
@@ -78,9 +79,15 @@ def _html(result: dict[str, Any]) -> str:
             f"<td>{row['latency_ms_p50']:.3f}</td><td>{check['figure']} {check['value']:.2e} &le; "
             f"{check['threshold']:g} ({check['config_key']}): {'passed' if check['passed'] else 'FAILED'}</td></tr>"
         )
+    return f"<table class='export'>{head}{''.join(body)}</table>"
+
+
+def _html(result: dict[str, Any]) -> str:
+    from pipeline.report_page import optimization_html
+
+    names = metric_names(result)
     optimization = result.get("optimization") or {}
-    opt_html = f"<h2>Optimization</h2><pre>{html.escape(json.dumps(optimization, indent=1))}</pre>" if optimization \
-        else ""
+    opt_html = f"<h2>Optimization</h2>{optimization_html(optimization)}" if optimization else ""
     verdict = "all formats agree with the SavedModel" if result["passed"] else "FAILED: nothing is pushed"
     task = result.get("task") or {"kind": "binary"}
     reference = ", ".join(f"{HEADINGS.get(name, name)} {result['reference'][name]:.4f}" for name in names)
@@ -92,8 +99,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child{{
 <body><h1>Export report: {verdict}</h1>
 <p>{html.escape(task['kind'])} model, {result['eval_rows']} eval rows; SavedModel {reference}. Every format
 received the same raw rows.{classes}</p>
-<table>{head}{''.join(body)}</table>
-<img alt="size and latency per format" src="data:image/png;base64,{_chart(result)}">
+{table_html(result)}
+<img alt="size and latency per format" src="data:image/png;base64,{chart_png(result)}">
 {opt_html}</body></html>"""
 
 

@@ -1,0 +1,519 @@
+"""The run report (outputs/runs/<run>/summary.html) and the index of runs (outputs/runs/index.html).
+
+`run_page` draws a RunSummary as a dict (what summary.json holds) into one self-contained page: inline SVG charts
+(pipeline/charts.py) and the Exporter's PNG as a data URI, no script, nothing fetched at view time. Every section is a
+`<section id=...>`; a section whose material the run did not produce says why instead of disappearing.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shlex
+from typing import Any
+from urllib.parse import quote
+
+from pipeline import charts
+
+SECTIONS = ("timeline", "data", "training", "evaluation", "calibration", "optimization", "export", "serving")
+# Slices with fewer eval rows than this are drawn in another colour and called out: their figures are noise.
+FEW_ROWS = 100
+DEFAULT_THRESHOLD = 0.5
+# Where `mlops serve` listens by default (serving/cli.py).
+REST_URL = "http://127.0.0.1:8501"
+GRPC_TARGET = "127.0.0.1:8500"
+STYLE = """
+body{font-family:sans-serif;margin:1.5em 2em;color:#222;max-width:1100px}
+h1{margin-bottom:.2em}h2{border-bottom:2px solid #4a7bb7;padding-bottom:2px;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:3px 8px;text-align:right;border-bottom:1px solid #ddd}
+td:first-child,th:first-child,td.left,th.left{text-align:left}th{background:#f3f5f8}
+.note{color:#555;font-size:.92em}.bad{color:#b00;font-weight:bold}.good{color:#277a3e;font-weight:bold}
+.few{color:#b00}.charts{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}
+.charts figure{margin:0}figcaption{font-size:.9em;color:#444;max-width:380px}
+pre{background:#f6f8fa;padding:8px 10px;overflow-x:auto;font-size:.88em}nav a{margin-right:.8em}
+img{max-width:100%}
+"""
+TITLES = {"timeline": "Stages", "data": "Data", "training": "Training", "evaluation": "Evaluation",
+          "calibration": "Calibration and threshold", "optimization": "Optimization", "export": "Export",
+          "serving": "Published version and how to call it"}
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _e(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
+
+
+def _count(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) and math.isfinite(value) else ""
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """A table of already escaped cells."""
+    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+
+
+def _figure(chart: str, caption: str) -> str:
+    return f"<figure>{chart}<figcaption>{_e(caption)}</figcaption></figure>" if chart else ""
+
+
+def task_metric_name(summary: dict[str, Any]) -> str:
+    """The figure the run is judged by: the export report's task metric, else the first the Evaluator has."""
+    metric = (summary.get("task") or {}).get("metric")
+    if metric:
+        return metric
+    kind = (summary.get("task") or {}).get("kind", "binary")
+    names = {"binary": ("auc",), "multiclass": ("macro_auc",), "regression": ("rmse",)}[kind]
+    return next((n for n in names if n in summary.get("metrics", {})), names[0])
+
+
+def decision_threshold(summary: dict[str, Any]) -> float:
+    """The calibration step's chosen threshold (calibration.json), else 0.5."""
+    threshold = (summary.get("calibration") or {}).get("threshold")
+    return float(threshold) if isinstance(threshold, (int, float)) else DEFAULT_THRESHOLD
+
+
+# ---- sections ---------------------------------------------------------------------------------------------------
+
+def _timeline(summary: dict[str, Any]) -> str:
+    seconds = summary.get("stage_seconds") or {}
+    cached = set(summary.get("cached_stages") or [])
+    if not seconds:
+        return "<p class='note'>No stage timings were recorded for this run.</p>"
+    stages = [(name, float(took), name in cached) for name, took in seconds.items()]
+    chart = charts.timeline("timeline", stages, "seconds per stage")
+    ran = sum(s for _, s, c in stages if not c)
+    return (f"<p>{len(stages)} stages in {summary.get('elapsed_seconds', 0):.1f}s; {len(cached)} served from the "
+            f"cache (grey), {ran:.1f}s of work in the others.</p>{chart}")
+
+
+def _data(summary: dict[str, Any]) -> str:
+    data = summary.get("data") or {}
+    if not data:
+        return "<p class='note'>The run recorded no statistics.</p>"
+    rows = data.get("rows", {})
+    parts = [charts.bars("rows", [(split, float(n), "rows") for split, n in rows.items()], "rows per split")]
+    features = data.get("features", {})
+    splits = list(features)
+    names = sorted({name for per in features.values() for name in per})
+    body = []
+    for name in names:
+        cells = [_e(name), _e(next(features[s][name]["kind"] for s in splits if name in features[s]))]
+        for split in splits:
+            entry = features[split].get(name)
+            if entry is None:
+                cells += ["", ""]
+                continue
+            share = entry["missing"]
+            cells.append(f"<span class='{'few' if share else ''}'>{share:.1%}</span>")
+            if entry["kind"] == "numeric":
+                chart = charts.spark_bars("distribution", entry.get("histogram", []),
+                                          f"{name} {split}: {entry['min']:.4g} to {entry['max']:.4g}")
+                cells.append(f"{chart}<br><span class='note'>{entry['min']:.4g} .. {entry['max']:.4g}, mean "
+                             f"{entry['mean']:.4g}</span>")
+            else:
+                top = entry.get("top", [])
+                chart = charts.spark_bars("distribution", [f for _, f in top], f"{name} {split}: top values")
+                shown = ", ".join(f"{v} ({f:,.0f})" for v, f in top[:4])
+                cells.append(f"{chart}<br><span class='note'>{entry.get('unique', 0):,} distinct; "
+                             f"{_e(shown)}</span>")
+        body.append(cells)
+    head = ["feature", "kind"] + [h for s in splits for h in (f"missing ({_e(s)})", f"distribution ({_e(s)})")]
+    parts.append("<h3>Features</h3>" + _table(head, body))
+    anomalies = [(split, a) for split, found in (data.get("anomalies") or {}).items() for a in found]
+    parts.append("<h3>Anomalies</h3>")
+    if anomalies:
+        parts.append(_table(["split", "feature", "severity", "description"],
+                            [[_e(s), _e(a["feature"]), _e(a["severity"]), _e(a["description"])] for s, a in anomalies]))
+    else:
+        parts.append("<p class='good'>None: every split fits the schema.</p>")
+    parts.append("<h3>Drift against the previous run</h3>")
+    drift = data.get("drift")
+    if not drift:
+        parts.append("<p class='note'>No previous run of this pipeline to compare with.</p>")
+    elif drift.get("same_statistics"):
+        parts.append(f"<p>Same statistics as run {_e(drift['previous_run'])} (reused from the cache): the data did "
+                     "not change.</p>")
+    else:
+        drift_rows = [[_e(d["feature"]), _e(d["measure"]),
+                       f"<span class='{'bad' if d['value'] > 0.1 else ''}'>{d['value']:.3f}</span>",
+                       f"{d['missing_change']:+.1%}"] for d in drift.get("features", [])]
+        parts.append(f"<p>{_e(drift.get('split', 'train'))} split against run {_e(drift['previous_run'])}; above "
+                     "0.1 in red.</p>" + _table(["feature", "measure", "drift", "missing share change"], drift_rows))
+    return "".join(parts)
+
+
+def _setting(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else _e(value)
+
+
+def _training(summary: dict[str, Any]) -> str:
+    training = summary.get("training") or {}
+    parts = []
+    epochs = training.get("epochs") or {}
+    if epochs:
+        numbers = training.get("epoch_numbers") or []
+
+        def series(name: str) -> list[tuple[str, list[tuple[float, float]]]]:
+            return [(label, [(float(numbers[i]) if i < len(numbers) else i + 1.0, float(v))
+                             for i, v in enumerate(epochs[key])])
+                    for label, key in (("train", name), ("validation", f"val_{name}")) if key in epochs]
+        monitor = str(training.get("monitor", "val_auc"))
+        metric = monitor[4:] if monitor.startswith("val_") else monitor
+        count = max(len(v) for v in epochs.values())
+        parts.append(f"<p>{count} epoch(s); early stopping follows {_e(monitor)} ({_e(training.get('mode', ''))}).</p>"
+                     "<div class='charts'>"
+                     + _figure(charts.lines("loss", series("loss"), "loss per epoch", "epoch", "loss"),
+                               "Loss per epoch, train and validation.")
+                     + _figure(charts.lines("training_metric", series(metric), f"{metric} per epoch", "epoch",
+                                            metric), f"{metric} per epoch, train and validation.")
+                     + "</div>")
+    else:
+        parts.append("<p class='note'>The Trainer saved no per-epoch history (a model trained before the report "
+                     "existed, or training did not run).</p>")
+    settings = training.get("settings") or {}
+    if settings:
+        parts.append("<h3>Hyperparameters</h3>" + _table(["setting", "value"],
+                                                         [[_e(k), _setting(v)] for k, v in settings.items()]))
+    best = training.get("tuner_best")
+    trials = training.get("tuner_trials")
+    if best is not None or trials:
+        parts.append("<h3>Tuner</h3>")
+        if best:
+            parts.append("<p>Best values: " + ", ".join(f"{_e(k)} {_setting(v)}" for k, v in best.items()) + "</p>")
+        if trials:
+            keys = [k for k in trials[0] if k not in ("trial_id", "score")]
+            parts.append(_table(["trial", "score"] + [_e(k) for k in keys],
+                                [[_e(t.get("trial_id", "")), _num(t.get("score"))] + [_num(t.get(k)) for k in keys]
+                                 for t in trials]))
+    else:
+        parts.append("<p class='note'>The Tuner did not run (tuner.enabled=false): the settings above come from "
+                     "the config.</p>")
+    return "".join(parts)
+
+
+def confusion_at(thresholds: list[dict[str, float]], threshold: float) -> dict[str, float] | None:
+    """The confusion matrix of the plot's threshold nearest to `threshold`."""
+    usable = [m for m in thresholds if 0.0 <= m["threshold"] <= 1.0]
+    return min(usable, key=lambda m: abs(m["threshold"] - threshold)) if usable else None
+
+
+def roc_and_pr(thresholds: list[dict[str, float]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(false positive rate, true positive rate) and (recall, precision) points, by falling threshold."""
+    roc, pr = [], []
+    for m in sorted(thresholds, key=lambda m: -m["threshold"]):
+        positives, negatives = m["tp"] + m["fn"], m["fp"] + m["tn"]
+        recall = m["tp"] / positives if positives else 0.0
+        roc.append((m["fp"] / negatives if negatives else 0.0, recall))
+        if m["tp"] + m["fp"]:
+            pr.append((recall, m["tp"] / (m["tp"] + m["fp"])))
+    return roc, pr
+
+
+def _slices(summary: dict[str, Any], metric: str) -> str:
+    metrics, slices = summary.get("metrics") or {}, summary.get("slices") or {}
+    rows = [("overall", metrics)] + sorted(slices.items())
+    bars, colors = [], []
+    for name, m in rows:
+        if metric not in m:
+            continue
+        count = m.get("example_count", float("nan"))
+        few = isinstance(count, float) and count < FEW_ROWS
+        one_class = m.get("mean_label") in (0.0, 1.0)
+        note = " (one class: AUC undefined)" if one_class else " (few rows)" if few else ""
+        bars.append((name, float(m[metric]), f"n={count:,.0f}{note}"))
+        colors.append("#d9822b" if few or one_class else "")
+    chart = charts.bars("slices", bars, f"{metric} per slice with its example count", colors=colors)
+    names = [n for n in ("example_count", metric, *sorted({k for _, m in rows for k in m})) if "/" not in n]
+    names = list(dict.fromkeys(n for n in names if any(n in m for _, m in rows) and not n.endswith("_diff")))
+    table = _table(["slice"] + [_e(n) for n in names],
+                   [[_e(name)] + [_count(m.get(n)) if n == "example_count" else _num(m[n]) if n in m else ""
+                                  for n in names] for name, m in rows])
+    one_class = (" and slices whose rows are all of one class (mean_label 0 or 1: no ranking to judge)"
+                 if (summary.get("task") or {}).get("kind", "binary") == "binary" else "")
+    return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; in "
+            f"orange, slices under {FEW_ROWS} rows (their figures swing with a single row){one_class}.</p>"
+            f"{chart}{table}")
+
+
+def _binary_plots(summary: dict[str, Any]) -> str:
+    plots = summary.get("plots") or {}
+    thresholds = plots.get("thresholds") or []
+    parts = []
+    if thresholds:
+        roc, pr = roc_and_pr(thresholds)
+        auc = (summary.get("metrics") or {}).get("auc")
+        auc_text = f" (AUC {auc:.4f})" if isinstance(auc, (int, float)) else ""
+        parts.append(_figure(charts.lines("roc", [("model", roc)], "ROC curve", "false positive rate",
+                                          "true positive rate", diagonal=True, bounds=(0, 1, 0, 1)),
+                             f"ROC curve{auc_text}; dashed: chance."))
+        parts.append(_figure(charts.lines("precision_recall", [("model", pr)], "precision-recall curve", "recall",
+                                          "precision", bounds=(0, 1, 0, 1)), "Precision against recall."))
+    buckets = plots.get("calibration") or []
+    if buckets:
+        points = [(b["prediction"] / b["count"], b["label"] / b["count"]) for b in buckets if b["count"]]
+        parts.append(_figure(charts.lines("calibration_plot", [("buckets", points)], "calibration plot",
+                                          "mean predicted probability", "share of positives", diagonal=True,
+                                          bounds=(0, 1, 0, 1), points=True),
+                             "Mean prediction against the observed share of positives per probability bucket; "
+                             "on the dashed line, a probability means what it says."))
+    threshold = decision_threshold(summary)
+    matrix = confusion_at(thresholds, threshold) if thresholds else None
+    if matrix:
+        chart = charts.matrix("confusion_matrix", ["negative", "positive"],
+                              [[matrix["tn"], matrix["fp"]], [matrix["fn"], matrix["tp"]]], "confusion matrix")
+        source = "chosen by the calibration step" if summary.get("calibration") else "the default"
+        parts.append(_figure(chart, f"Confusion matrix at threshold {matrix['threshold']:.3f} ({source}; the "
+                                    f"decision threshold is {threshold:.3f})."))
+    if not parts:
+        return "<p class='note'>The Evaluator recorded no plots (a run from before the report had them).</p>"
+    return "<h3>Curves</h3><div class='charts'>" + "".join(parts) + "</div>"
+
+
+def _multiclass_plots(summary: dict[str, Any]) -> str:
+    metrics = summary.get("metrics") or {}
+    classes = list((summary.get("task") or {}).get("classes") or [])
+    parts = []
+    entries = (summary.get("plots") or {}).get("multiclass_confusion") or []
+    if entries:
+        size = max(max(a, p) for a, p, _ in entries) + 1
+        names = [classes[i] if i < len(classes) else str(i) for i in range(size)]
+        counts = [[0.0] * size for _ in range(size)]
+        for actual, predicted, count in entries:
+            if 0 <= actual < size and 0 <= predicted < size:
+                counts[actual][predicted] += count
+        parts.append(_figure(charts.matrix("confusion_matrix", names, counts, "confusion matrix"),
+                             "Confusion matrix: each row an actual class, the predicted class by highest probability."))
+    for name in ("precision", "recall"):
+        values = sorted((int(k.rsplit(":", 1)[1]), v) for k, v in metrics.items() if k.startswith(f"{name}/classId:"))
+        if values:
+            bars = [(classes[i] if i < len(classes) else str(i), v, "") for i, v in values]
+            parts.append(_figure(charts.bars(f"{name}_per_class", bars, f"{name} per class", width=360),
+                                 f"{name.capitalize()} per class."))
+    if not parts:
+        return "<p class='note'>The Evaluator recorded no per-class figures.</p>"
+    return "<h3>Per class</h3><div class='charts'>" + "".join(parts) + "</div>"
+
+
+def _regression_plots(summary: dict[str, Any]) -> str:
+    points = (summary.get("plots") or {}).get("predicted_actual") or []
+    if not points:
+        return "<p class='note'>No predictions were recorded to draw against the labels.</p>"
+    pairs = [(float(p), float(a)) for p, a in points]
+    residuals = sorted(a - p for p, a in pairs)
+    low, high = residuals[0], residuals[-1]
+    width = (high - low) / 20 or 1.0
+    counts = [0.0] * 20
+    for r in residuals:
+        counts[min(19, int((r - low) / width))] += 1
+    return ("<h3>Predictions</h3><div class='charts'>"
+            + _figure(charts.lines("predicted_actual", [("eval rows", pairs)], "predicted against actual",
+                                   "predicted", "actual", diagonal=True, points=True),
+                      f"Predicted against actual on {len(pairs)} eval rows; dashed: a perfect model.")
+            + _figure(charts.bars("residuals", [(f"{low + i * width:.3g}", c, "") for i, c in enumerate(counts)],
+                                  "residuals", width=360, bar_height=9),
+                      "Residuals (actual minus predicted), 20 bins.")
+            + "</div>")
+
+
+def _baseline(summary: dict[str, Any], metric: str) -> str:
+    baseline = summary.get("baseline") or {}
+    blessed = summary.get("blessed")
+    verdict = {True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
+               None: "not judged (no threshold set and no baseline)"}[blessed]
+    parts = [f"<h3>Comparison with the baseline</h3><p>Verdict: {verdict}.</p>"]
+    candidate = summary.get("metrics") or {}
+    base = baseline.get("metrics") or {}
+    if base:
+        names = [n for n in (metric, "auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc",
+                             "accuracy", "log_loss", "rmse", "mae", "r2", "example_count") if n in base]
+        names = list(dict.fromkeys(names))
+        shown = {n: (_count if n == "example_count" else _num) for n in names}
+        rows = [[_e(n), shown[n](candidate.get(n, float("nan"))), shown[n](base[n]),
+                 f"{candidate[n] - base[n]:+.4f}" if n in candidate else ""] for n in names]
+        parts.append(_table(["metric", "candidate", "baseline", "change"], rows))
+    else:
+        parts.append("<p class='note'>No baseline model: the first blessed model of this pipeline, or "
+                     "evaluation.baseline is none. The thresholds alone decided.</p>")
+    failures = baseline.get("failures") or []
+    if failures:
+        parts.append("<p class='bad'>Failed thresholds:</p><ul>" + "".join(f"<li>{_e(f)}</li>" for f in failures)
+                     + "</ul>")
+    return "".join(parts)
+
+
+def _evaluation(summary: dict[str, Any]) -> str:
+    if not summary.get("metrics"):
+        return "<p class='note'>The Evaluator did not run in this run.</p>"
+    kind = (summary.get("task") or {}).get("kind", "binary")
+    metric = task_metric_name(summary)
+    plots = {"binary": _binary_plots, "multiclass": _multiclass_plots, "regression": _regression_plots}[kind]
+    return (f"<p>{_e(kind)} model judged by {_e(metric)}.</p>" + _slices(summary, metric) + plots(summary)
+            + _baseline(summary, metric))
+
+
+def _calibration(summary: dict[str, Any]) -> str:
+    report = summary.get("calibration") or {}
+    if not report:
+        return (f"<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
+                f"and the decision threshold is {DEFAULT_THRESHOLD}.</p>")
+    before, after = report.get("before") or {}, report.get("after") or {}
+    facts = [["method", _e(report.get("method", ""))], ["fitted on", _e(report.get("fitted_on", ""))],
+             ["rows", _num(report.get("rows", ""))], ["threshold objective", _e(report.get("objective", ""))],
+             ["decision threshold", _num(report.get("threshold", ""))]]
+    names = [n for n in ("calibration", "auc", "precision", "recall") if n in before or n in after]
+    figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
+    return (_table(["", ""], facts) + _table(["figure", "before", "after"], figures)
+            + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
+              "they say.</p>")
+
+
+def optimization_html(report: dict[str, Any]) -> str:
+    """The Optimizer's report as tables (each model's size and metric, sparsity per layer) and a sparsity chart."""
+    if not report:
+        return "<p class='note'>The Optimizer recorded no report in this run.</p>"
+    metric = report.get("metric", "auc")
+    stages = [name for name in ("input", "distilled", "pruned") if isinstance(report.get(name), dict)]
+    sizes = ["parameters", "nonzero_parameters", "gzip_bytes"]
+    figures = [metric] + sorted({k for stage in stages for k, v in report[stage].items()
+                                 if isinstance(v, float) and k not in (metric, "degradation")})
+    columns = [c for c in (*sizes, *figures, "degradation") if any(c in report[stage] for stage in stages)]
+    rows = [[_e(stage)] + [_num(report[stage][c]) if c in report[stage] else "" for c in columns] for stage in stages]
+    parts = [f"<p>Stages run: {_e(', '.join(report.get('stages', [])) or 'none')}; judged by {_e(metric)}.</p>",
+             _table(["model"] + [_e(c.replace("_", " ")) for c in columns], rows)]
+    sparsity = (report.get("pruned") or {}).get("kernel_sparsity") or {}
+    if sparsity:
+        parts.append("<h3>Sparsity per layer</h3>"
+                     + charts.bars("sparsity", [(layer, float(v), "") for layer, v in sparsity.items()],
+                                   "kernel sparsity per layer", width=480)
+                     + _table(["layer", "kernel sparsity"], [[_e(k), f"{v:.1%}"] for k, v in sparsity.items()]))
+    return "".join(parts)
+
+
+def _export(summary: dict[str, Any]) -> str:
+    report = summary.get("export") or {}
+    if not report:
+        return "<p class='note'>Nothing was exported: the model was not blessed, or the Exporter did not run.</p>"
+    from components.exporter.report import chart_png, table_html
+
+    verdict = ("<span class='good'>every format agrees with the SavedModel</span>" if report.get("passed")
+               else "<span class='bad'>FAILED: nothing is pushed</span>")
+    return (f"<p>{verdict}; {report.get('eval_rows', 0):,} eval rows through every format.</p>{table_html(report)}"
+            f"<img data-chart='export' alt='size and latency per format' "
+            f"src='data:image/png;base64,{chart_png(report)}'>")
+
+
+def _json_value(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def rest_example(model_name: str, version: int, row: dict[str, Any], url: str = REST_URL) -> str:
+    """A curl command that predicts `row` with one version over TF Serving's REST API."""
+    body = json.dumps({"instances": [{k: _json_value(v) for k, v in row.items()}]}, indent=1)
+    return (f"curl -s -X POST {url}/v1/models/{model_name}/versions/{version}:predict \\\n"
+            f"  -H 'Content-Type: application/json' \\\n  -d {shlex.quote(body)}")
+
+
+def grpc_example(model_name: str, version: int, row: dict[str, Any], target: str = GRPC_TARGET) -> str:
+    """Python that predicts `row` with one version over TF Serving's gRPC API (the project's client)."""
+    features = ",\n".join(f"    {k!r}: {_json_value(v)!r}" for k, v in row.items())
+    return (f"from serving.client import GrpcClient\n\nrow = {{\n{features},\n}}\n"
+            f"with GrpcClient({target!r}) as client:\n"
+            f"    print(client.predict_outputs([row], {model_name!r}, version={version}))")
+
+
+def _serving(summary: dict[str, Any]) -> str:
+    serving = summary.get("serving") or {}
+    version = summary.get("published_version")
+    if version is None:
+        return "<p class='note'>Nothing was published: the model was not blessed.</p>"
+    model = serving.get("model_name") or "model"
+    row = serving.get("row") or {}
+    parts = [f"<p>Version <b>{_e(version)}</b> of <b>{_e(model)}</b> at <code>{_e(summary.get('pushed_path'))}"
+             f"</code>. Publishing routes no traffic: <code>mlops rollout start --version {_e(version)}</code> moves "
+             f"it to serving. Serve the repository locally with <code>mlops serve</code> (REST on 8501, gRPC on "
+             "8500), then:</p>"]
+    if row:
+        parts.append(f"<h3>REST</h3><pre>{_e(rest_example(model, version, row))}</pre>"
+                     f"<h3>gRPC (Python)</h3><pre>{_e(grpc_example(model, version, row))}</pre>"
+                     "<p class='note'>The features are those of a real eval row.</p>")
+    else:
+        parts.append("<p class='note'>No eval row was recorded to build an example request from.</p>")
+    return "".join(parts)
+
+
+def _header(summary: dict[str, Any]) -> str:
+    metrics = summary.get("metrics") or {}
+    metric = task_metric_name(summary)
+    kind = (summary.get("task") or {}).get("kind", "binary")
+    facts = [f"{_e(kind)} task", f"{summary.get('elapsed_seconds', 0):.1f}s"]
+    if metric in metrics:
+        facts.append(f"{_e(metric)} {metrics[metric]:.4f} on {metrics.get('example_count', 0):,.0f} eval rows")
+    facts.append({True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
+                  None: "not judged"}[summary.get("blessed")])
+    if summary.get("published_version") is not None:
+        facts.append(f"published as version {_e(summary['published_version'])}")
+    nav = "".join(f"<a href='#{s}'>{_e(TITLES[s])}</a>" for s in SECTIONS)
+    log = f" &middot; log: <code>{_e(summary['log_path'])}</code>" if summary.get("log_path") else ""
+    return (f"<p><a href='../index.html'>all runs</a>{log}</p><h1>Run {_e(summary.get('run_id', ''))}</h1>"
+            f"<p>{' &middot; '.join(facts)}</p><nav>{nav}</nav>")
+
+
+def run_page(summary: dict[str, Any]) -> str:
+    """The whole report of one run, from a RunSummary as a dict."""
+    render = {"timeline": _timeline, "data": _data, "training": _training, "evaluation": _evaluation,
+              "calibration": _calibration,
+              "optimization": lambda summary: optimization_html(summary.get("optimization") or {}),
+              "export": _export, "serving": _serving}
+    body = "".join(f"<section id='{s}'><h2>{_e(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {_e(summary.get('run_id', ''))}"
+            f"</title><style>{STYLE}</style></head><body>{_header(summary)}{body}</body></html>\n")
+
+
+def index_page(summaries: list[tuple[str, dict[str, Any]]]) -> str:
+    """Every run (folder name, summary.json), newest first: key figures and a link to its report."""
+    rows = []
+    for folder, summary in summaries:
+        metrics = summary.get("metrics") or {}
+        metric = task_metric_name(summary)
+        rows.append([
+            # "./" and quoting: a run id such as "2026-11-30T10:28:39" must not read as a URL scheme.
+            f"<a href='./{_e(quote(folder, safe=':'))}/summary.html'>{_e(summary.get('run_id', folder))}</a>",
+            _e((summary.get("task") or {}).get("kind", "")),
+            f"{_e(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
+            _count(metrics.get("example_count")),
+            {True: "<span class='good'>yes</span>", False: "<span class='bad'>no</span>", None: "not judged"}[
+                summary.get("blessed")],
+            _e(summary.get("published_version") if summary.get("published_version") is not None else ""),
+            f"{summary.get('elapsed_seconds', 0):.1f}s",
+            f"{len(summary.get('cached_stages') or [])}/{len(summary.get('stage_seconds') or {})}",
+        ])
+    table = _table(["run", "task", "metric", "eval rows", "blessed", "version", "time", "cached stages"], rows) \
+        if rows else "<p>No runs yet: mlops run.</p>"
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Runs</title><style>{STYLE}</style>"
+            f"</head><body><h1>Runs</h1><section id='runs'>{table}</section></body></html>\n")
+
+
+def write_index(runs_dir: str) -> str:
+    """outputs/runs/index.html from every run folder's summary.json; returns its path."""
+    found = []
+    for folder in sorted(os.listdir(runs_dir), reverse=True):
+        path = os.path.join(runs_dir, folder, "summary.json")
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    found.append((folder, json.load(f)))
+            except (OSError, ValueError):
+                continue  # a half-written or foreign file: the index lists the others
+    index = os.path.join(runs_dir, "index.html")
+    with open(index, "w") as f:
+        f.write(index_page(found))
+    return index

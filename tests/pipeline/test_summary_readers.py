@@ -1,0 +1,85 @@
+"""What the run report reads: TFDV statistics (missing share, distribution, drift), calibration.json, the history."""
+import pytest
+from tensorflow_metadata.proto.v0 import statistics_pb2
+
+from components.model import BINARY
+from pipeline.summary import drift, feature_summary
+
+
+def dataset() -> statistics_pb2.DatasetFeatureStatistics:
+    stats = statistics_pb2.DatasetFeatureStatistics(num_examples=100)
+    fare = stats.features.add(type=statistics_pb2.FeatureNameStatistics.FLOAT)
+    fare.path.step.append("fare")
+    fare.num_stats.common_stats.tot_num_values = 90
+    fare.num_stats.mean, fare.num_stats.std_dev, fare.num_stats.min, fare.num_stats.max = 10.0, 2.0, 1.0, 30.0
+    histogram = fare.num_stats.histograms.add(type=statistics_pb2.Histogram.STANDARD)
+    for count in (10.0, 50.0, 30.0):
+        histogram.buckets.add(sample_count=count)
+    company = stats.features.add(type=statistics_pb2.FeatureNameStatistics.STRING)
+    company.path.step.append("company")
+    company.string_stats.common_stats.tot_num_values = 100
+    company.string_stats.unique = 2
+    company.string_stats.top_values.add(value="Flash", frequency=75)
+    company.string_stats.top_values.add(value="Taxi Co", frequency=25)
+    return stats
+
+
+def test_feature_summary_has_missing_share_and_distribution():
+    found = feature_summary(dataset())
+    assert found["fare"]["missing"] == pytest.approx(0.1) and found["fare"]["histogram"] == [10.0, 50.0, 30.0]
+    assert found["company"]["missing"] == 0.0 and found["company"]["top"] == [["Flash", 75.0], ["Taxi Co", 25.0]]
+
+
+def test_drift_measures_mean_shift_and_top_value_distance():
+    before = feature_summary(dataset())
+    after = feature_summary(dataset())
+    assert [d["value"] for d in drift(after, before)] == [0.0, 0.0]
+    after["fare"]["mean"] = 13.0  # 1.5 standard deviations of the previous run
+    after["fare"]["missing"] = 0.3
+    after["company"]["top"] = [["Flash", 50.0], ["Taxi Co", 50.0]]
+    found = {d["feature"]: d for d in drift(after, before)}
+    assert found["fare"]["value"] == pytest.approx(1.5) and found["fare"]["missing_change"] == pytest.approx(0.2)
+    assert found["company"]["value"] == pytest.approx(0.25)
+    assert found["company"]["measure"] == "L-infinity distance"
+
+
+def test_a_model_artifacts_calibration_json_sets_the_reports_threshold(tmp_path):
+    from components import artifacts
+    from pipeline.report_page import run_page
+    from pipeline.summary import RunSummary, _read_model_reports
+    from tests.pipeline.test_report_page import CALIBRATION, thresholds
+
+    trainer, calibrated = tmp_path / "Trainer" / "1", tmp_path / "Calibrator" / "2"
+    artifacts.write_json(str(calibrated / artifacts.CALIBRATION_REPORT_JSON), CALIBRATION)
+    trainer.mkdir(parents=True)
+    summary = RunSummary(run_id="r1", metrics={"auc": 0.9, "example_count": 400.0},
+                         plots={"thresholds": thresholds()})
+    for uri in (trainer, calibrated):
+        _read_model_reports(summary, str(uri))
+    assert summary.calibration == CALIBRATION
+    page = run_page(summary.__dict__)
+    assert "Calibration and threshold" in page and "platt" in page and "at threshold 0.300" in page
+
+
+def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path):
+    import tensorflow as tf
+
+    from components import artifacts
+    from components.model import write_training_history
+    from pipeline.config import TrainingConfig
+    from pipeline.report_page import run_page
+    from pipeline.summary import RunSummary, _read_model_reports
+
+    history = tf.keras.callbacks.History()
+    # Resumed from the backup of epoch 2 (index 1): Keras logs epochs 3 and 4 only.
+    history.epoch, history.history = [2, 3], {"loss": [0.5, 0.4], "val_loss": [0.6, 0.5], "auc": [0.8, 0.85],
+                                              "val_auc": [0.78, 0.8]}
+    write_training_history(str(tmp_path), history, TrainingConfig(), BINARY)
+    written = artifacts.read_json(str(tmp_path / artifacts.TRAINING_HISTORY_JSON))
+    assert written["epoch_numbers"] == [3, 4] and written["monitor"] == "val_auc"
+    assert written["settings"]["hidden_units"] == TrainingConfig().hidden_units
+    summary = RunSummary(run_id="r")
+    _read_model_reports(summary, str(tmp_path))
+    page = run_page(summary.__dict__)
+    loss = page[page.index("data-chart='loss'"):page.index("</svg>", page.index("data-chart='loss'"))]
+    assert ">3</text>" in loss and ">4</text>" in loss and ">1</text>" not in loss

@@ -368,7 +368,8 @@ def _calibration(summary: dict[str, Any]) -> str:
     before, after = report.get("before") or {}, report.get("after") or {}
     facts = [["method", _e(report.get("method", ""))], ["fitted on", _e(report.get("fitted_on", ""))],
              ["rows", _num(report.get("rows", ""))], ["threshold objective", _e(report.get("objective", ""))],
-             ["decision threshold", _num(report.get("threshold", ""))]]
+             ["decision threshold", "none: the most probable class" if report.get("threshold") is None
+              else _num(report["threshold"])]]
     names = [n for n in ("calibration", "auc", "precision", "recall") if n in before or n in after]
     figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
     return (_table(["", ""], facts) + _table(["figure", "before", "after"], figures)

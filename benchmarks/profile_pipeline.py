@@ -232,8 +232,8 @@ def stage_table(result: dict) -> list[str]:
     lines.append(f"{'whole run':<24}{result['wall_seconds']:>8.1f}{result['tree_cpu_seconds']:>8.1f}"
                  + "".join(f"{totals.get(k, 0.0):>16.1f}" for k in kinds)
                  + f"{max(result['peak_rss_gib'].values(), default=0.0):>10.2f}")
-    lines.append(f"(CPU s of the whole run is the kernel's figure for the process tree; {result['unsampled_cpu_seconds']}"
-                 " s of it ended between two samples)")
+    lines.append("(CPU s of the whole run is the kernel's figure for the process tree; "
+                 f"{result['unsampled_cpu_seconds']} s of it ended between two samples)")
     return lines
 
 
@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print("timing imports in fresh processes ...", flush=True)
         result["imports"] = import_costs(env, args.import_repeats)
         lines += ["", f"{'a fresh process that imports':<32}{'wall s':>8}{'CPU s':>8}"]
-        lines += [f"{name:<32}{c['wall_seconds']:>8.2f}{c['cpu_seconds']:>8.2f}" for name, c in result["imports"].items()]
+        lines += [f"{name:<32}{c['wall_seconds']:>8.2f}{c['cpu_seconds']:>8.2f}"
+                  for name, c in result["imports"].items()]
     report = args.out / "profile_pipeline.json"
     report.write_text(json.dumps(result, indent=1))
     print("\n".join(lines) + f"\n\n{report}")

@@ -235,6 +235,8 @@ def create_pipeline(
         preprocessing_fn=PREPROCESSING_FN,
         custom_config=module_custom_config(config, *FEATURE_SECTIONS),
         disable_statistics=not config.transform.statistics,
+        # Nothing feeds an analyzer cache back in (no analyzer_cache input), so writing one is work for nothing.
+        disable_analyzer_cache=True,
     ).with_id(TRANSFORM_NODE)
     transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]

@@ -85,7 +85,9 @@ def main() -> None:
     if args.config:
         command += ["--config", args.config]
     print("running our pipeline ...", flush=True)
-    ours_seconds, ours_gib = run_measured(command, env, work / "ours.log")
+    ours_load = os.getloadavg()[0]
+    ours_seconds, ours_gib, ours_cpu = run_measured(command, env, work / "ours.log")
+    ours_load = (ours_load + os.getloadavg()[0]) / 2
 
     # TFX's example reads everything from $HOME/taxi and writes under $HOME/tfx.
     home = work / "tfx_example_home"
@@ -93,10 +95,12 @@ def main() -> None:
     shutil.copy(EMBEDDED_TAXI_DIR / "data.csv", home / "taxi" / "data" / "simple" / "data.csv")
     shutil.copy(TFX_EXAMPLE_DIR / "taxi_utils_native_keras.py", home / "taxi")
     print("running TFX's taxi_pipeline_native_keras.py ...", flush=True)
-    theirs_seconds, theirs_gib = run_measured(
+    theirs_load = os.getloadavg()[0]
+    theirs_seconds, theirs_gib, theirs_cpu = run_measured(
         [sys.executable, str(TFX_EXAMPLE_DIR / "taxi_pipeline_native_keras.py")], {**env, "HOME": str(home)},
         work / "tfx_example.log",
     )
+    theirs_load = (theirs_load + os.getloadavg()[0]) / 2
 
     ours_eval = read_examples(newest(str(ours_root / "pipelines/taxi/CsvExampleGen/examples/*")) + "/Split-eval")
     theirs_root = home / "tfx/pipelines/chicago_taxi_native_keras"
@@ -109,13 +113,16 @@ def main() -> None:
     ours_model = newest(str(ours_root / "serving/taxi/*"))
     theirs_model = newest(str(home / "taxi/serving_model/chicago_taxi_native_keras/*"))
     results = {}
-    for name, model, signature, output, seconds, gib in [
-        ("ours", ours_model, "serving_examples", "probabilities", ours_seconds, ours_gib),
-        ("tfx_example", theirs_model, "serving_default", "outputs", theirs_seconds, theirs_gib),
+    for name, model, signature, output, seconds, cpu, load, gib in [
+        ("ours", ours_model, "serving_examples", "probabilities", ours_seconds, ours_cpu, ours_load, ours_gib),
+        ("tfx_example", theirs_model, "serving_default", "outputs", theirs_seconds, theirs_cpu, theirs_load,
+         theirs_gib),
     ]:
         probabilities = score(model, signature, output, common)
         results[name] = {
             "wall_seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu, 1),
+            "load_average": round(load, 1),
             "peak_rss_gib": round(gib, 2),
             "eval_auc": round(float(roc_auc_score(labels, probabilities)), 4),
             "eval_accuracy": round(float(accuracy_score(labels, [p > 0.5 for p in probabilities])), 4),
@@ -124,10 +131,14 @@ def main() -> None:
     results["positive_rate"] = round(sum(labels) / len(labels), 4)
 
     print(f"\nscored on {len(common)} eval rows that neither pipeline trained on")
-    print(f"{'pipeline':<14}{'wall s':>9}{'peak GiB':>10}{'eval AUC':>10}{'accuracy':>10}")
+    print(f"{'pipeline':<14}{'wall s':>9}{'CPU s':>9}{'load':>6}{'peak GiB':>10}{'eval AUC':>10}{'accuracy':>10}")
     for name in ("ours", "tfx_example"):
         r = results[name]
-        print(f"{name:<14}{r['wall_seconds']:>9}{r['peak_rss_gib']:>10}{r['eval_auc']:>10}{r['eval_accuracy']:>10}")
+        print(f"{name:<14}{r['wall_seconds']:>9}{r['cpu_seconds']:>9}{r['load_average']:>6}{r['peak_rss_gib']:>10}"
+              f"{r['eval_auc']:>10}{r['eval_accuracy']:>10}")
+    print(f"ours / TFX's: wall {results['ours']['wall_seconds'] / results['tfx_example']['wall_seconds']:.2f}x, "
+          f"CPU {results['ours']['cpu_seconds'] / results['tfx_example']['cpu_seconds']:.2f}x "
+          "(load: the 1-minute load average over the run, this run's own processes included)")
     (out / "compare_with_tfx_example.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "compare_with_tfx_example.png")
     print(f"\nfigures: {out / 'compare_with_tfx_example.json'} and .png; logs and outputs: {work}")

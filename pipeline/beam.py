@@ -4,15 +4,26 @@ from __future__ import annotations
 from pipeline.config import BeamConfig
 
 
-def beam_pipeline_args(beam: BeamConfig, setup_file: str) -> list[str]:
-    """Beam's command-line options for `beam.runner`, with `setup_file` naming the project's code for workers.
+def direct_running_mode(beam: BeamConfig, rows: int | None) -> str:
+    """The DirectRunner's mode: `beam.direct_running_mode`, or for `auto` in_memory when the input's `rows` are
+    known and at most `beam.in_memory_max_rows` (worker processes cost more to start than they save), else
+    multi_processing."""
+    if beam.direct_running_mode != "auto":
+        return beam.direct_running_mode
+    return "in_memory" if rows is not None and rows <= beam.in_memory_max_rows else "multi_processing"
+
+
+def beam_pipeline_args(beam: BeamConfig, setup_file: str, rows: int | None = None) -> list[str]:
+    """Beam's command-line options for `beam.runner`, with `setup_file` naming the project's code for workers and
+    `rows` the input's data rows where known (the DirectRunner's `auto` mode chooses by them).
 
     Without a dependency flag TFX builds an sdist of itself before every Beam stage (seconds each); the setup file
     is also what remote workers (Dataflow, Flink and Spark SDK harnesses) install the project from.
     """
     args = [f"--runner={beam.runner}", f"--setup_file={setup_file}"]
     if beam.runner == "DirectRunner":
-        args += [f"--direct_running_mode={beam.direct_running_mode}", f"--direct_num_workers={beam.direct_num_workers}"]
+        args += [f"--direct_running_mode={direct_running_mode(beam, rows)}",
+                 f"--direct_num_workers={beam.direct_num_workers}"]
     elif beam.runner == "DataflowRunner":
         args += [f"--project={beam.project}", f"--region={beam.region}", f"--temp_location={beam.temp_location}"]
         if beam.sdk_container_image:

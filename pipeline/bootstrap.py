@@ -354,17 +354,40 @@ def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, stati
                                                                  schema_pb2.Schema]:
     """ExampleGen, StatisticsGen and SchemaGen on `config`'s data (its split and markers), below its output_root;
     the statistics of each split and the inferred schema."""
-    from tfx import v1 as tfx
-    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
-
-    from pipeline.pipeline import EXAMPLE_GEN_NODE, beam_args, csv_example_gen
     from pipeline.progress import StageProgress
     from pipeline.runner import PipelineError, _logs_to_file
+
+    log_path = os.path.join(config.output_root, "init.log")
+    progress = None
+    try:
+        # Importing TFX and TensorFlow logs Python warnings and C++ lines: here they land in the log.
+        with _logs_to_file(log_path):
+            from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+
+            from pipeline.pipeline import EXAMPLE_GEN_NODE
+
+            pipeline = _statistics_pipeline(config)
+            progress = StageProgress([EXAMPLE_GEN_NODE, "StatisticsGen", "SchemaGen"], out,
+                                     os.path.abspath(config.metadata_path), config.name)
+            with progress.track():
+                LocalDagRunner().run(pipeline)
+    except Exception as error:
+        if progress is not None:
+            progress.failed()
+        stage = progress.current if progress is not None else None
+        raise PipelineError(f"{stage or 'reading the data'} failed: {error}; see the log at {log_path}") from error
+    return _read_outputs(config)
+
+
+def _statistics_pipeline(config: PipelineConfig) -> Any:
+    from tfx import v1 as tfx
+
+    from pipeline.pipeline import beam_args, csv_example_gen
 
     example_gen = csv_example_gen(config)
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
-    pipeline = tfx.dsl.Pipeline(
+    return tfx.dsl.Pipeline(
         pipeline_name=config.name,
         pipeline_root=os.path.abspath(config.pipeline_root),
         components=[example_gen, statistics_gen, schema_gen],
@@ -373,17 +396,6 @@ def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, stati
             os.path.abspath(config.metadata_path)),
         beam_pipeline_args=beam_args(config),
     )
-    log_path = os.path.join(config.output_root, "init.log")
-    progress = StageProgress([EXAMPLE_GEN_NODE, "StatisticsGen", "SchemaGen"], out,
-                             os.path.abspath(config.metadata_path), config.name)
-    try:
-        with _logs_to_file(log_path), progress.track():
-            LocalDagRunner().run(pipeline)
-    except Exception as error:
-        progress.failed()
-        raise PipelineError(f"{progress.current or 'reading the data'} failed: {error}; see the log at "
-                            f"{log_path}") from error
-    return _read_outputs(config)
 
 
 def init_project(data: str, label: str, output: str = ".", name: str = "", force: bool = False,

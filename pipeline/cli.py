@@ -44,11 +44,13 @@ def _run(args: argparse.Namespace) -> int:
         if not summary.pushed_path:
             print("nothing was published (the model was not blessed), so there is nothing to serve.", file=sys.stderr)
             return 1
-        from pipeline.runner import first_eval_row
+        from pipeline.runner import first_eval_row, stderr_to_file
         from serving.demo import serve_and_predict
 
         print("\nserving the model repository's stable version locally (TF Serving's REST and gRPC APIs)")
-        serve_and_predict(config.serving_base_dir, config.model_name, first_eval_row(config))
+        # TensorFlow's C++ log lines from loading and running the model go to the run's log, as during the run.
+        with stderr_to_file(summary.log_path):
+            serve_and_predict(config.serving_base_dir, config.model_name, first_eval_row(config))
     return 0
 
 

@@ -347,14 +347,22 @@ class RolloutConfig:
     kubedl: RolloutKubeDLConfig = field(default_factory=RolloutKubeDLConfig)
 
 
+# The CSV rows up to which beam.direct_running_mode=auto runs Beam in this process: on 2 cores the data stages took
+# as long in_memory as multi_processing at about 209,000 rows (benchmarks.data_stages --modes; README, "Benchmarks").
+IN_MEMORY_MAX_ROWS = 200_000
+
+
 @dataclass
 class BeamConfig:
     """The Beam runner of the data stages (ExampleGen, StatisticsGen, Transform, Evaluator); pipeline/beam.py turns
     it into beam_pipeline_args. Each runner's keys are grouped below; README, "Beam at scale", says what to supply."""
     runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner"] = "DirectRunner"
-    # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU.
-    direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "multi_processing"
+    # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU. auto: in_memory for
+    # local CSV data of at most in_memory_max_rows rows (each worker process would import TensorFlow for seconds),
+    # multi_processing above or where the rows cannot be counted (README, "Benchmarks", measured the crossover).
+    direct_running_mode: Literal["auto", "in_memory", "multi_threading", "multi_processing"] = "auto"
     direct_num_workers: int = 0
+    in_memory_max_rows: int = IN_MEMORY_MAX_ROWS
     # PortableRunner: a Beam job service (host:port), such as Flink's or Spark's job server, or Beam's own.
     job_endpoint: str = ""
     # FlinkRunner: the Flink REST endpoint (host:8081); SparkRunner: the Spark master (spark://host:7077).
@@ -725,8 +733,8 @@ def _validate_beam(beam: BeamConfig) -> None:
                           "image (DOCKER), the worker pool's host:port (EXTERNAL) or the boot command (PROCESS).")
     if beam.runner == "DataflowRunner" and not beam.temp_location.startswith("gs://"):
         raise ConfigError(f"beam.temp_location must be a gs:// folder for Dataflow; got {beam.temp_location!r}.")
-    if beam.parallelism < 0 or beam.direct_num_workers < 0:
-        raise ConfigError("beam.parallelism and beam.direct_num_workers must be 0 or more.")
+    if beam.parallelism < 0 or beam.direct_num_workers < 0 or beam.in_memory_max_rows < 0:
+        raise ConfigError("beam.parallelism, beam.direct_num_workers and beam.in_memory_max_rows must be 0 or more.")
 
 
 def _validate_distribution(config: PipelineConfig) -> None:

@@ -68,6 +68,25 @@ def check_csv_folder(folder: Path) -> list[Path]:
     return files
 
 
+def count_csv_rows(folder: Path) -> int:
+    """Data rows of the folder's CSV files, counted as lines after each header (a quoted line break counts twice):
+    what beam.direct_running_mode=auto chooses by."""
+    rows = 0
+    for path in folder.iterdir():
+        if path.suffix.lower() != ".csv" or not path.is_file():
+            continue
+        last = b""
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                rows += chunk.count(b"\n")
+                last = chunk[-1:]
+        if last and last != b"\n":
+            rows += 1  # the last row has no line break
+        if last:
+            rows -= 1  # the header
+    return rows
+
+
 def write_slice(source: Path, destination: Path, rows: int) -> Path:
     """Copies the header and the first `rows` data rows of a CSV: small data for tests and quick runs."""
     destination.mkdir(parents=True, exist_ok=True)

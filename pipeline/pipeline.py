@@ -31,7 +31,7 @@ from components.specs import (
 )
 from pipeline.beam import beam_pipeline_args
 from pipeline.config import EvaluationConfig, PipelineConfig, higher_is_better, task_metric
-from pipeline.data import resolve_data_dir
+from pipeline.data import count_csv_rows, resolve_data_dir
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
@@ -180,7 +180,12 @@ LOCAL = Deployment(project_root=str(REPO_ROOT), local=True)
 
 
 def beam_args(config: PipelineConfig, deployment: Deployment = LOCAL) -> list[str]:
-    return beam_pipeline_args(config.beam, artifacts.join(deployment.project_root, "setup.py"))
+    """Beam's arguments; for a local run on local CSV files they also know its rows (beam.direct_running_mode)."""
+    rows = None
+    if deployment.local and config.beam.direct_running_mode == "auto" and not artifacts.is_uri(config.data.path):
+        folder = resolve_data_dir(config.data.path, config.output_root)
+        rows = count_csv_rows(folder) if folder.is_dir() else None
+    return beam_pipeline_args(config.beam, artifacts.join(deployment.project_root, "setup.py"), rows)
 
 
 def schema_file(config: PipelineConfig, deployment: Deployment) -> str:
@@ -249,6 +254,8 @@ def create_pipeline(
         preprocessing_fn=PREPROCESSING_FN,
         custom_config=module_custom_config(config, *FEATURE_SECTIONS),
         disable_statistics=not config.transform.statistics,
+        # Nothing feeds an analyzer cache back in (no analyzer_cache input), so writing one is work for nothing.
+        disable_analyzer_cache=True,
     ).with_id(TRANSFORM_NODE)
     transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]

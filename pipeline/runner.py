@@ -31,7 +31,7 @@ def _find_cause(error: BaseException, kind: type) -> BaseException | None:
 
 
 @contextlib.contextmanager
-def _stderr_to_file(log_path: str) -> Iterator[None]:
+def stderr_to_file(log_path: str) -> Iterator[None]:
     """Points file descriptor 2 at the log: TensorFlow's C++ log, tracebacks that Beam's worker processes print and
     Python's warnings all write there, from this process and the processes it starts."""
     for stream in (sys.stdout, sys.stderr, sys.__stderr__):
@@ -69,7 +69,10 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
         for handler in list(lg.handlers):
             lg.removeHandler(handler)
     try:
-        with _stderr_to_file(log_path):
+        # Keras prints its epochs on sys.stdout: those lines go to the log too, while the stage lines keep the
+        # console stream their caller took before.
+        with stderr_to_file(log_path), open(log_path, "a", buffering=1) as printed, \
+                contextlib.redirect_stdout(printed):
             yield
     except Exception:
         # The console gets one sentence from the caller; the log keeps the whole traceback.

@@ -7,6 +7,7 @@ import pytest
 from benchmarks.taxi_data import read_sample, write_synthetic
 from pipeline.beam import beam_pipeline_args
 from pipeline.config import ConfigError, load_config
+from pipeline.data import count_csv_rows
 
 SETUP = "/app/setup.py"
 
@@ -65,6 +66,38 @@ def test_the_pipeline_passes_them_to_every_beam_component(tmp_path):
     assert [node.id for node in tfx_pipeline.components][-1] == "Transform"
     assert tfx_pipeline.beam_pipeline_args[:1] == ["--runner=PortableRunner"]
     assert "--job_endpoint=localhost:8099" in tfx_pipeline.beam_pipeline_args
+
+
+@pytest.mark.parametrize("rows, mode", [(None, "multi_processing"), (0, "in_memory"), (5000, "in_memory"),
+                                        (5001, "multi_processing")])
+def test_auto_runs_in_memory_up_to_the_crossover(rows, mode):
+    beam = load_config(None, ["beam.direct_running_mode=auto", "beam.in_memory_max_rows=5000"]).beam
+    assert beam_pipeline_args(beam, SETUP, rows)[2] == f"--direct_running_mode={mode}"
+
+
+@pytest.mark.parametrize("mode", ["in_memory", "multi_threading", "multi_processing"])
+def test_a_mode_set_by_name_holds_whatever_the_rows(mode):
+    beam = load_config(None, [f"beam.direct_running_mode={mode}"]).beam
+    for rows in (None, 0, 10**9):
+        assert beam_pipeline_args(beam, SETUP, rows)[2] == f"--direct_running_mode={mode}"
+
+
+def test_rows_are_counted_over_every_csv_file_without_headers(tmp_path):
+    (tmp_path / "a.csv").write_text("x,y\n1,2\n3,4\n")
+    (tmp_path / "b.CSV").write_text("x,y\n5,6")  # no line break after the last row
+    (tmp_path / "header_only.csv").write_text("x,y\n")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "notes.txt").write_text("not\ndata\n")
+    assert count_csv_rows(tmp_path) == 3
+
+
+@pytest.mark.parametrize("max_rows, mode", [(2000, "in_memory"), (1999, "multi_processing")])
+def test_a_local_run_chooses_the_mode_by_its_csv_rows(taxi_slice, tmp_path, max_rows, mode):
+    from pipeline.pipeline import create_pipeline
+
+    config = load_config(None, [f"output_root={tmp_path}", f"data.path={taxi_slice}",
+                                "beam.direct_running_mode=auto", f"beam.in_memory_max_rows={max_rows}"])
+    assert f"--direct_running_mode={mode}" in create_pipeline(config, data_only=True).beam_pipeline_args
 
 
 def test_the_synthetic_data_keeps_the_sample_s_columns_and_distributions(tmp_path):

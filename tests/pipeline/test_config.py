@@ -9,7 +9,7 @@ def test_default_config_is_the_taxi_job():
     assert config.label.column == "tips"
     assert "tips" not in config.features
     assert config.schema_path.endswith("taxi_schema.pbtxt")
-    assert config.beam.direct_running_mode == "multi_processing"
+    assert config.beam.direct_running_mode == "auto"
 
 
 def test_overrides_are_typed():

@@ -186,8 +186,10 @@ def test_values_are_coerced_to_the_declared_type(override, value):
                          "image_pull_policy, service_account, pvc, mount_path, cpu, memory, restart_policy, "
                          "clean_pod_policy, backoff_limit, active_deadline_seconds, poll_seconds, kubeconfig, "
                          "model_version_name, model_image_repo, model_nfs_server, model_nfs_path."),
-    ("beam.direct_running_mode=spark", "config key 'beam.direct_running_mode' must be one of 'in_memory', "
+    ("beam.direct_running_mode=spark", "config key 'beam.direct_running_mode' must be one of 'auto', 'in_memory', "
                                        "'multi_threading', 'multi_processing', got 'spark'."),
+    ("beam.in_memory_max_rows=-1", "beam.parallelism, beam.direct_num_workers and beam.in_memory_max_rows must be 0 or "
+                                   "more."),
     ("tuner.trials=2", "unknown config key 'tuner.trials'; valid keys here are: tuner.enabled, tuner.algorithm, "
                        "tuner.max_trials, tuner.train_steps, tuner.eval_steps."),
     ("name.first=x", "override 'name.first=x': 'name' is not a section."),

@@ -49,6 +49,42 @@ def test_a_successful_run_prints_only_its_stages_and_summary_and_logs_the_rest(t
     assert re.search(r"^[\d-]+ [\d:.]+: [WE] (tensorflow|external)/\S+\] ", log, re.MULTILINE)
 
 
+# What a whole run adds after the stage lines: the summary (its figures indented) and, with --serve-after, the
+# served model's predictions.
+SUMMARY_LINES = [
+    r"summary",
+    r" {2,}\S.*",
+    r"serving the model repository's stable version locally \(TF Serving's REST and gRPC APIs\)",
+    r"serving \w+ version \d+ \(label stable\): REST http://127\.0\.0\.1:\d+, gRPC 127\.0\.0\.1:\d+",
+    r"(REST|gRPC) prediction: \S.*",
+    r"server stopped",
+]
+
+
+def test_a_whole_run_that_serves_after_prints_only_stages_summary_and_predictions(taxi_slice, tmp_path):
+    # Keras prints every epoch on stdout and TensorFlow logs C++ lines while the served model loads: both go to the
+    # run's log, not the console.
+    result = mlops("run", "--serve-after", *as_cli_flags(small_overrides(taxi_slice, tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    patterns = [pattern for pattern in CONSOLE_LINES if not pattern.startswith("data stages")] + SUMMARY_LINES
+    unexpected = [line for line in lines if not any(re.fullmatch(pattern, line) for pattern in patterns)]
+    assert unexpected == [], f"console lines beyond the stages, the summary and the predictions: {unexpected}"
+    assert "server stopped" in lines and any(line.startswith("gRPC prediction: ") for line in lines)
+    log = Path(re.search(CONSOLE_LINES[1], result.stdout)["log"]).read_text()
+    assert re.search(r"^Epoch 1/\d+$", log, re.MULTILINE), "Keras's epoch lines are in the log"
+
+
+def test_init_prints_only_its_own_lines(taxi_slice, tmp_path):
+    # Importing TFX logs Python warnings (google.cloud's, for one) before any stage runs: they go to init's log too.
+    result = mlops("init", "--data", str(taxi_slice), "--label", "tips", "--output", str(tmp_path / "project"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert not [word for word in NOISE if word in result.stdout], result.stdout
+    assert re.search(r"\[3/3\] SchemaGen done in \d+\.\ds", result.stdout)
+
+
 def test_a_failing_run_still_prints_its_error_sentence(taxi_slice, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()

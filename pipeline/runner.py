@@ -140,14 +140,16 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         stage = progress.current or "the pipeline"
         raise PipelineError(f"{stage} failed: {error}; see the full log at {log_path}") from error
 
-    summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)
-    summary.task.setdefault("kind", config.label.kind)
-    summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
-    summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
-    summary.elapsed_seconds = round(progress.elapsed(), 2)
-    summary.log_path = log_path
-    report_dir = os.path.join(config.output_root, "runs", summary.run_id)
-    json_path, html_path = write_report(summary, report_dir)
+    # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.
+    with _logs_to_file(log_path):
+        summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)
+        summary.task.setdefault("kind", config.label.kind)
+        summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
+        summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
+        summary.elapsed_seconds = round(progress.elapsed(), 2)
+        summary.log_path = log_path
+        report_dir = os.path.join(config.output_root, "runs", summary.run_id)
+        json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
     else:

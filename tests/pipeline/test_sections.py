@@ -67,3 +67,11 @@ def test_a_malformed_section_is_refused_with_the_key():
         read_section({"optimize": '{"prune": "yes"}'}, "optimize", OptimizeConfig)
     with pytest.raises(ConfigError, match="the component received no 'export' section"):
         read_section({}, "export", ExportConfig)
+
+
+@pytest.mark.parametrize(("setting", "disabled"), [([], 1), (["transform.statistics=true"], 0)])
+def test_transform_statistics_are_off_unless_asked_for(tmp_path, setting, disabled):
+    """Nothing reads TFX's pre- and post-transform statistics, so by default Transform skips those two passes."""
+    config = load_config(None, [f"output_root={tmp_path}", *setting])
+    transform = {node.id: node for node in create_pipeline(config, data_only=True).components}["Transform"]
+    assert transform.exec_properties["disable_statistics"] == disabled

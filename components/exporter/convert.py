@@ -133,19 +133,40 @@ def export_onnx(module: CoreModule, spec: dict[str, Any], path: str, opset: int)
     onnx.checker.check_model(model_proto, full_check=True)
 
 
-def export_tfjs(core_saved_model: str, export_dir: str) -> None:
-    """A TF.js graph model from the tensorflowjs converter (run as its command, as a user would)."""
-    command = [
-        sys.executable, "-m", "tensorflowjs.converters.converter",
-        "--input_format=tf_saved_model", "--output_format=tfjs_graph_model",
-        "--signature_name=serving_default", "--saved_model_tags=serve",
-        core_saved_model, export_dir,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    if result.returncode != 0:
-        raise RuntimeError(f"the tensorflowjs converter failed: {result.stderr.strip()[-2000:]}")
-    for path in JS_FILES:
-        shutil.copy(path, export_dir)
+class TfjsConversion:
+    """The tensorflowjs converter, run as its command (as a user would) in a process of its own, so that its
+    TensorFlow import and conversion overlap the TFLite and ONNX conversions on another core."""
+
+    def __init__(self, core_saved_model: str, export_dir: str):
+        command = [
+            sys.executable, "-m", "tensorflowjs.converters.converter",
+            "--input_format=tf_saved_model", "--output_format=tfjs_graph_model",
+            "--signature_name=serving_default", "--saved_model_tags=serve",
+            core_saved_model, export_dir,
+        ]
+        self._export_dir = export_dir
+        # A file, not a pipe: nobody reads a pipe until wait(), and a full one would stall the converter.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+    def wait(self) -> None:
+        """Waits for the converter; raises RuntimeError with its last output when it failed."""
+        with self._log:
+            returncode = self._process.wait()
+            self._log.seek(0)
+            output = self._log.read().strip()
+        if returncode != 0:
+            raise RuntimeError(f"the tensorflowjs converter failed: {output[-2000:]}")
+        for path in JS_FILES:
+            shutil.copy(path, self._export_dir)
+
+    def cancel(self) -> None:
+        """Stops a converter whose result is no longer wanted (an earlier format failed)."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        self._log.close()
 
 
 def ship_preprocessing(spec_path: str, folder: str, language: str) -> None:

@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,6 @@ def export_formats(
     """Writes every configured format under the local folder `output_dir`; returns each artifact's path and a
     runner for it. `representative`: raw training rows (request form) that int8 quantization calibrates on."""
     out = Path(output_dir)
-    formats, variants = options.formats, options.tflite_variants
     convert.export_saved_model(serving_model_dir, output_dir)
     output_name = spec_task(spec).output_name
     built: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir, output_name))}
@@ -93,33 +93,48 @@ def export_formats(
         save_spec(spec, spec_path)
         core_dir = os.path.join(tmp, "core")
         module = convert.save_core_model(model, spec, core_dir)
-        if "tflite" in formats:
-            folder = out / artifacts.FORMAT_DIRS["tflite"]
-            folder.mkdir(parents=True, exist_ok=True)
-            convert.ship_preprocessing(spec_path, str(folder), "python")
-            for variant in variants:
-                started = time.perf_counter()
-                path = folder / f"model_{variant}.tflite"
-                calibration = (lambda: _representative(spec, representative)) if representative is not None else None
-                convert.export_tflite(core_dir, variant, str(path), calibration)
-                built[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
-                logging.info("TFLite %s: %d bytes in %.1fs", variant, path.stat().st_size,
-                             time.perf_counter() - started)
-        if "onnx" in formats:
-            folder = out / artifacts.FORMAT_DIRS["onnx"]
-            folder.mkdir(parents=True, exist_ok=True)
-            convert.ship_preprocessing(spec_path, str(folder), "python")
-            path = folder / "model.onnx"
-            convert.export_onnx(module, spec, str(path), options.onnx_opset)
-            built["onnx"] = (path, OnnxRunner(str(path), spec))
-            logging.info("ONNX (opset %d): %d bytes", options.onnx_opset, path.stat().st_size)
-        if "tfjs" in formats:
-            folder = out / artifacts.FORMAT_DIRS["tfjs"]
-            convert.export_tfjs(core_dir, str(folder))
-            convert.ship_preprocessing(spec_path, str(folder), "javascript")
-            built["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR, output_name))
-            logging.info("TF.js graph model: %d bytes", _model_size("tfjs", folder))
+        folder = out / artifacts.FORMAT_DIRS["tfjs"]
+        tfjs = convert.TfjsConversion(core_dir, str(folder)) if "tfjs" in options.formats else None
+        try:
+            _export_tflite_and_onnx(spec, spec_path, core_dir, module, out, options, representative, built)
+            if tfjs is not None:
+                tfjs.wait()
+                tfjs = None
+                convert.ship_preprocessing(spec_path, str(folder), "javascript")
+                built["tfjs"] = (folder, TfjsRunner(str(folder), convert.NODE_DIR, output_name))
+                logging.info("TF.js graph model: %d bytes", _model_size("tfjs", folder))
+        finally:
+            if tfjs is not None:
+                tfjs.cancel()
     return built
+
+
+def _export_tflite_and_onnx(
+    spec: dict[str, Any], spec_path: str, core_dir: str, module: convert.CoreModule, out: Path,
+    options: ExportConfig, representative: dict[str, np.ndarray] | None, built: dict[str, tuple[Path, Runner]],
+) -> None:
+    """The in-process conversions, while the TF.js converter runs in its own process."""
+    formats, variants = options.formats, options.tflite_variants
+    if "tflite" in formats:
+        folder = out / artifacts.FORMAT_DIRS["tflite"]
+        folder.mkdir(parents=True, exist_ok=True)
+        convert.ship_preprocessing(spec_path, str(folder), "python")
+        for variant in variants:
+            started = time.perf_counter()
+            path = folder / f"model_{variant}.tflite"
+            calibration = (lambda: _representative(spec, representative)) if representative is not None else None
+            convert.export_tflite(core_dir, variant, str(path), calibration)
+            built[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
+            logging.info("TFLite %s: %d bytes in %.1fs", variant, path.stat().st_size,
+                         time.perf_counter() - started)
+    if "onnx" in formats:
+        folder = out / artifacts.FORMAT_DIRS["onnx"]
+        folder.mkdir(parents=True, exist_ok=True)
+        convert.ship_preprocessing(spec_path, str(folder), "python")
+        path = folder / "model.onnx"
+        convert.export_onnx(module, spec, str(path), options.onnx_opset)
+        built["onnx"] = (path, OnnxRunner(str(path), spec))
+        logging.info("ONNX (opset %d): %d bytes", options.onnx_opset, path.stat().st_size)
 
 
 # SavedModel predictions and labels of a regression that the export report keeps for the run report's chart.
@@ -160,25 +175,17 @@ def verify(
     the outputs are, `metric` (evaluation.metric) what the quantized variants are judged by."""
     task = task or Task()
     metric = task_metric(task.kind, metric)
-    reference = built["saved_model"][1].predict(data.columns)
-    reference_metrics = _metrics(reference, data.labels, task.kind)
-    rows = []
-    for name, (path, runner) in built.items():
-        started = time.perf_counter()
-        outputs, latency = runner.predict_and_time(data.columns, options.latency_rows)
-        figures = check_artifact(name, outputs, reference, data.labels, options, task.kind, metric)
-        check = figures.pop("check")
-        relative = path.relative_to(root) if root is not None else path
-        rows.append({
-            "artifact": name, "path": str(relative), "size_bytes": _model_size(name, path), **figures,
-            "latency_ms_p50": float(np.median(latency)), "check": check,
-        })
-        logging.info("verified %s in %.1fs: max |diff| %.2e, %s, p50 %.3f ms", name, time.perf_counter() - started,
-                     figures["max_abs_diff"], describe_figures(figures, task.kind), rows[-1]["latency_ms_p50"])
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # A runtime in a process of its own (Node.js) starts first and runs beside the in-process ones.
+        pending = {name: pool.submit(runner.predict_and_time, data.columns, options.latency_rows)
+                   for name, (_, runner) in built.items() if runner.out_of_process}
+        reference = built["saved_model"][1].predict(data.columns)
+        rows = [_verify_artifact(name, path, runner, pending.get(name), reference, data, options, root, task, metric)
+                for name, (path, runner) in built.items()]
     result = {
         "task": {**task.describe(), "metric": metric},
         "eval_rows": int(len(data.labels)),
-        "reference": {"artifact": "saved_model", **reference_metrics},
+        "reference": {"artifact": "saved_model", **_metrics(reference, data.labels, task.kind)},
         "artifacts": rows,
         "passed": all(r["check"]["passed"] for r in rows),
     }
@@ -189,6 +196,25 @@ def verify(
         values = np.asarray(reference).reshape(-1)
         result["predicted_actual"] = [[float(values[i]), float(data.labels[i])] for i in picked]
     return result
+
+
+def _verify_artifact(
+    name: str, path: Path, runner: Runner, pending: Future | None, reference: np.ndarray, data: EvalData,
+    options: ExportConfig, root: Path | None, task: Task, metric: str,
+) -> dict[str, Any]:
+    """One artifact's row of the export report; `pending`: its outputs and latencies, already under way."""
+    started = time.perf_counter()
+    outputs, latency = pending.result() if pending else runner.predict_and_time(data.columns, options.latency_rows)
+    figures = check_artifact(name, outputs, reference, data.labels, options, task.kind, metric)
+    check = figures.pop("check")
+    relative = path.relative_to(root) if root is not None else path
+    row = {
+        "artifact": name, "path": str(relative), "size_bytes": _model_size(name, path), **figures,
+        "latency_ms_p50": float(np.median(latency)), "check": check,
+    }
+    logging.info("verified %s in %.1fs: max |diff| %.2e, %s, p50 %.3f ms", name, time.perf_counter() - started,
+                 figures["max_abs_diff"], describe_figures(figures, task.kind), row["latency_ms_p50"])
+    return row
 
 
 def gate_message(result: dict[str, Any]) -> str:

@@ -43,6 +43,8 @@ def _rows(columns: Columns) -> int:
 
 class Runner:
     name = ""
+    # True for a runtime in a process of its own, which the verification runs beside the in-process ones.
+    out_of_process = False
 
     def predict(self, columns: Columns) -> np.ndarray:
         raise NotImplementedError
@@ -114,6 +116,8 @@ def node_executable() -> str:
 class TfjsRunner(Runner):
     """Node.js with @tensorflow/tfjs (installed by `make setup` from components/exporter/node/package-lock.json),
     one process per call."""
+
+    out_of_process = True
 
     def __init__(self, export_dir: str, node_dir: Path, output_name: str = SERVING_OUTPUT):
         if not (node_dir / "node_modules" / "@tensorflow" / "tfjs").is_dir():

@@ -234,3 +234,32 @@ def test_a_calibrated_model_exports_and_every_format_serves_its_calibrated_proba
     np.testing.assert_allclose(served, apply(calibration, logits), atol=1e-5)
     assert np.max(np.abs(served - small.model(features).numpy().reshape(-1))) > 0.05, "calibration changed them"
     assert tf.saved_model.load(str(output_dir)).decision_threshold.numpy() == pytest.approx(0.37)
+
+
+def test_a_failing_tfjs_conversion_says_so_in_one_sentence(tmp_path):
+    conversion = convert.TfjsConversion(str(tmp_path / "no_such_saved_model"), str(tmp_path / "tfjs"))
+    with pytest.raises(RuntimeError, match="the tensorflowjs converter failed: .+"):
+        conversion.wait()
+
+
+def test_a_format_failing_during_the_tfjs_conversion_stops_the_converter(small, spec, tmp_path, monkeypatch):
+    """The TF.js converter runs beside the in-process conversions; when one of those fails, no converter is left
+    running (and writing) after the Exporter gave up."""
+    from components.exporter import export
+
+    started = []
+
+    class Recorded(convert.TfjsConversion):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self._process)
+
+    def broken(*_args):
+        raise RuntimeError("the TFLite converter broke")
+
+    monkeypatch.setattr(convert, "TfjsConversion", Recorded)
+    monkeypatch.setattr(export, "_export_tflite_and_onnx", broken)
+    with pytest.raises(RuntimeError, match="the TFLite converter broke"):
+        export.export_formats(small.serving_model_dir, small.model, spec, str(tmp_path), options())
+    (process,) = started
+    assert process.returncode is not None

@@ -98,8 +98,14 @@ def _converter_output_to_log() -> Iterator[None]:
                 logging.info("TFLite converter:\n%s", text)
 
 
+def tflite_converter(core_saved_model: str) -> tf.lite.TFLiteConverter:
+    """One converter for every variant: it loads the SavedModel once (seconds per load), and export_tflite sets
+    each variant's settings afresh (the flatbuffers are byte for byte those of a converter per variant)."""
+    return tf.lite.TFLiteConverter.from_saved_model(core_saved_model)
+
+
 def export_tflite(
-    core_saved_model: str,
+    converter: tf.lite.TFLiteConverter,
     variant: str,
     path: str,
     representative_inputs: Callable[[], Iterator[dict[str, np.ndarray]]] | None = None,
@@ -107,16 +113,13 @@ def export_tflite(
     """float32: as trained. dynamic: int8 weights, float activations. float16: float16 weights.
     int8: int8 weights and activations, ranges calibrated on `representative_inputs` (transformed training rows);
     the inputs and the output stay float32 / int32 so the request does not change."""
-    converter = tf.lite.TFLiteConverter.from_saved_model(core_saved_model)
-    if variant in ("dynamic", "float16", "int8"):
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    if variant == "float16":
-        converter.target_spec.supported_types = [tf.float16]
-    if variant == "int8":
-        if representative_inputs is None:
-            raise ValueError("int8 quantization needs representative inputs to calibrate its ranges.")
-        converter.representative_dataset = representative_inputs
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if variant == "int8" and representative_inputs is None:
+        raise ValueError("int8 quantization needs representative inputs to calibrate its ranges.")
+    converter.optimizations = [tf.lite.Optimize.DEFAULT] if variant in ("dynamic", "float16", "int8") else []
+    converter.target_spec.supported_types = [tf.float16] if variant == "float16" else []
+    converter.target_spec.supported_ops = [
+        tf.lite.OpsSet.TFLITE_BUILTINS_INT8 if variant == "int8" else tf.lite.OpsSet.TFLITE_BUILTINS]
+    converter.representative_dataset = representative_inputs if variant == "int8" else None
     with _converter_output_to_log():
         flatbuffer = converter.convert()
     Path(path).write_bytes(flatbuffer)

@@ -119,11 +119,12 @@ def _export_tflite_and_onnx(
         folder = out / artifacts.FORMAT_DIRS["tflite"]
         folder.mkdir(parents=True, exist_ok=True)
         convert.ship_preprocessing(spec_path, str(folder), "python")
+        converter = convert.tflite_converter(core_dir)
         for variant in variants:
             started = time.perf_counter()
             path = folder / f"model_{variant}.tflite"
             calibration = (lambda: _representative(spec, representative)) if representative is not None else None
-            convert.export_tflite(core_dir, variant, str(path), calibration)
+            convert.export_tflite(converter, variant, str(path), calibration)
             built[f"tflite/{variant}"] = (path, TFLiteRunner(str(path), spec))
             logging.info("TFLite %s: %d bytes in %.1fs", variant, path.stat().st_size,
                          time.perf_counter() - started)

@@ -1,6 +1,7 @@
 """Each converter on a small trained model: the artifact runs in its own runtime and agrees with the SavedModel;
 an artifact that disagrees fails the gate."""
 import dataclasses
+import functools
 import json
 import pickle
 import subprocess
@@ -14,7 +15,7 @@ import tensorflow_transform as tft
 
 from components.calibration import Calibration, apply, fold, model_logits
 from components.exporter import convert
-from components.exporter.export import EvalData, ExportGateError, export_and_verify, verify
+from components.exporter.export import EvalData, ExportGateError, _representative, export_and_verify, verify
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from components.model import export_serving_model
@@ -263,3 +264,20 @@ def test_a_format_failing_during_the_tfjs_conversion_stops_the_converter(small, 
         export.export_formats(small.serving_model_dir, small.model, spec, str(tmp_path), options())
     (process,) = started
     assert process.returncode is not None
+
+
+def test_one_tflite_converter_for_every_variant_gives_each_variant_s_own_model(small, spec, tmp_path):
+    """The Exporter loads the SavedModel once for all variants: whatever the order, each flatbuffer is the one a
+    converter of its own gives (no setting of one variant leaks into the next)."""
+    core_dir = str(tmp_path / "core")
+    convert.save_core_model(small.model, spec, core_dir)
+    representative = functools.partial(_representative, spec, small.train_columns)
+    order = ["int8", "float16", "dynamic", "float32"]
+    shared = convert.tflite_converter(core_dir)
+    for variant in order:
+        convert.export_tflite(shared, variant, str(tmp_path / f"shared_{variant}.tflite"), representative)
+    for variant in order:
+        convert.export_tflite(convert.tflite_converter(core_dir), variant, str(tmp_path / f"own_{variant}.tflite"),
+                              representative)
+        own = (tmp_path / f"own_{variant}.tflite").read_bytes()
+        assert (tmp_path / f"shared_{variant}.tflite").read_bytes() == own, variant

@@ -97,6 +97,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     predict.add_argument("--signature-name", default="serving_default", help="signature to call")
     predict.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each answer")
     predict.add_argument(
+        "--rows-per-request", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+        help=f"more rows go as several requests (default {DEFAULT_MAX_BATCH_SIZE}, the server's default largest "
+             "batch); lower it for a server with a smaller --max-batch-size",
+    )
+    predict.add_argument(
         "--drop-unknown-features", action="store_true",
         help="ignore columns the model does not take (e.g. the label column of evaluation data)",
     )
@@ -227,6 +232,7 @@ def predict_command(args: argparse.Namespace) -> int:
             predictions = client.predict_outputs(
                 rows, args.model, version=args.version, label=args.label, timeout=args.timeout,
                 signature_name=args.signature_name, drop_unknown_features=args.drop_unknown_features,
+                rows_per_request=args.rows_per_request,
             )
     except ValueError as e:
         return _usage_error(str(e))

@@ -24,6 +24,8 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
+from serving import DEFAULT_MAX_BATCH_SIZE
+
 T = TypeVar("T")
 
 FLOAT_DTYPES = frozenset({"DT_FLOAT", "DT_DOUBLE", "DT_HALF", "DT_BFLOAT16"})
@@ -263,13 +265,16 @@ class ServingClient(ABC):
         signature_name: str = "serving_default",
         output_name: str = "probabilities",
         drop_unknown_features: bool = False,
+        rows_per_request: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> list[float]:
-        """Probabilities for one raw feature dict or many, from the version, label or (default) latest version."""
+        """Probabilities for one raw feature dict or many, from the version, label or (default) latest version;
+        more than `rows_per_request` rows go as several requests."""
         _check_choice(version, label)
         rows = [rows] if isinstance(rows, Mapping) else list(rows)
         if not rows:
             return []
-        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features)
+        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features,
+                                rows_per_request)
         if output_name in outputs:
             values = outputs[output_name]
         elif len(outputs) == 1:
@@ -294,21 +299,32 @@ class ServingClient(ABC):
         timeout: float = DEFAULT_TIMEOUT_S,
         signature_name: str = "serving_default",
         drop_unknown_features: bool = False,
+        rows_per_request: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> list[dict[str, Any]]:
         """Every output for one raw feature dict or many, one dict per row: a number, a string, or a list of them
-        per output (a multiclass model: `probabilities` and `classes` lists, the predicted `class`)."""
+        per output (a multiclass model: `probabilities` and `classes` lists, the predicted `class`); more than
+        `rows_per_request` rows go as several requests."""
         _check_choice(version, label)
         rows = [rows] if isinstance(rows, Mapping) else list(rows)
         if not rows:
             return []
-        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features)
+        outputs = self._outputs(rows, model, version, label, timeout, signature_name, drop_unknown_features,
+                                rows_per_request)
         per_row = {name: _rows_of(np.asarray(values), len(rows), name) for name, values in outputs.items()}
         return [{name: values[i] for name, values in per_row.items()} for i in range(len(rows))]
 
     def _outputs(
         self, rows: list[Mapping[str, Any]], model: str, version: int | None, label: str | None, timeout: float,
-        signature_name: str, drop_unknown_features: bool,
+        signature_name: str, drop_unknown_features: bool, rows_per_request: int,
     ) -> dict[str, np.ndarray]:
+        if rows_per_request < 1:
+            raise ValueError(f"rows_per_request must be at least 1, got {rows_per_request}.")
+        if len(rows) > rows_per_request:
+            # Each request within the server's batch limit, the outputs joined in row order.
+            parts = [self._outputs(rows[start:start + rows_per_request], model, version, label, timeout,
+                                   signature_name, drop_unknown_features, rows_per_request)
+                     for start in range(0, len(rows), rows_per_request)]
+            return {name: np.concatenate([np.asarray(part[name]) for part in parts]) for name in parts[0]}
         key = (model, version, label)
         with self._cache_lock:
             was_cached = key in self._metadata_cache

@@ -39,6 +39,23 @@ def test_predict_csv_over_grpc_by_version(server, tmp_path, capsys):
     ]
 
 
+def test_predict_csv_with_more_rows_than_the_server_s_batch_limit_goes_as_several_requests(server, tmp_path, capsys):
+    """The fixture's server refuses more than 8 rows per request; 11 rows 4 at a time come back whole, in order."""
+    rows = [(2.5 + i, i % 24) for i in range(11)]
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("fare,trip_start_hour\n" + "".join(f"{fare},{hour}\n" for fare, hour in rows))
+    expected = [f"{expected_probability({'fare': fare, 'trip_start_hour': hour}, 1):.6f}" for fare, hour in rows]
+    for transport in (["--rest", server.rest_url], ["--grpc", server.grpc_target]):
+        assert mlops("predict", *transport, "--model", MODEL, "--version", "1", "--csv", str(csv_file),
+                     "--rows-per-request", "4") == 0
+        assert capsys.readouterr().out.split() == expected
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--csv", str(csv_file)) == 1
+    assert "larger than the maximum batch size 8" in capsys.readouterr().err
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--csv", str(csv_file),
+                 "--rows-per-request", "0") == 2
+    assert "rows_per_request must be at least 1" in capsys.readouterr().err
+
+
 def test_predict_errors_are_one_line_and_an_exit_code(server, capsys):
     assert mlops("predict", "--rest", server.rest_url, "--model", "nope", "--json", json.dumps(ROW)) == 1
     assert "Servable not found" in capsys.readouterr().err

@@ -41,8 +41,12 @@ class FeatureLayout:
         return list(self.data.vocab_features)
 
     @property
+    def category(self) -> list[str]:
+        return list(self.data.category_features)
+
+    @property
     def raw_features(self) -> list[str]:
-        return self.numeric + self.bucket + self.vocab
+        return self.numeric + self.bucket + self.vocab + self.category
 
     @property
     def label_key(self) -> str:

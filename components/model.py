@@ -21,6 +21,7 @@ from components.distributed.cluster import worker_role
 from components.features import FeatureLayout, transformed_name
 from components.specs import TRAINING_KEY
 from components.tasks import Task, task_from_transform
+from components.transform import read_constants
 from pipeline.config import TrainingConfig, read_section
 
 skip_autograph_for_tf_keras()
@@ -28,6 +29,9 @@ skip_autograph_for_tf_keras()
 # The output a binary model answers with; tasks.OUTPUT_NAMES has every kind's.
 SERVING_OUTPUT = "probabilities"
 BINARY = Task("binary")
+# A category feature's embedding has a row per id up to its largest value; beyond this many (11-digit census tracts,
+# say), a vocabulary of the values seen is the smaller table.
+MAX_CATEGORY_IDS = 100_000
 
 
 @tf.keras.utils.register_keras_serializable(package="mlops")
@@ -103,10 +107,19 @@ def load_keras_model(model_uri: str) -> tf.keras.Model:
 
 
 def categorical_cardinalities(layout: FeatureLayout, tft_output: tft.TFTransformOutput) -> dict[str, int]:
-    """Number of distinct ids each categorical input can take (vocabulary + OOV, or buckets + missing)."""
+    """Number of distinct ids each categorical input can take (vocabulary + OOV, buckets + missing, or a category's
+    0 to its largest id + out of range)."""
     sizes = {transformed_name(k): layout.transform.bucket_count + 1 for k in layout.bucket}
     for key in layout.vocab:
         sizes[transformed_name(key)] = tft_output.vocabulary_size_by_name(key) + layout.transform.oov_buckets
+    if layout.category:
+        recorded = read_constants(tft_output)
+        for key in layout.category:
+            largest_id = int(recorded[key][0])
+            if largest_id >= MAX_CATEGORY_IDS:
+                raise ValueError(f"category feature '{key}' reaches {largest_id} on the training split, too large "
+                                 f"for ids (at most {MAX_CATEGORY_IDS - 1}); list it under data.vocab_features.")
+            sizes[transformed_name(key)] = largest_id + 2
     return sizes
 
 

@@ -123,9 +123,16 @@ def bucket_ids(x: tf.Tensor, boundaries: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(x[:, tf.newaxis] >= boundaries[tf.newaxis, :], tf.int64), axis=1)
 
 
+def category_ids(x: tf.Tensor, largest_id: tf.Tensor) -> tf.Tensor:
+    """Integer values used as ids: 0 to largest_id stay as they are; missing (filled with -1), negative and larger
+    values get the one out-of-range id, largest_id + 1."""
+    return tf.where(tf.logical_and(x >= 0, x <= largest_id), x, largest_id + 1)
+
+
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, tf.Tensor]:
     """Numeric: missing -> mean, then z-score. Coordinates: quantile buckets plus one bucket for missing.
-    Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Label: computed here, per
+    Strings and ids: vocabulary of the top values plus OOV buckets, missing -> ''. Integer categories: the value
+    is the id, up to the training split's largest, plus one id for anything else. Label: computed here, per
     label.kind (0/1, a class id, or the number)."""
     layout = FeatureLayout.from_properties(custom_config)
     options = layout.transform
@@ -157,6 +164,14 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         outputs[transformed_name(key)] = tft.compute_and_apply_vocabulary(
             filled, top_k=options.vocab_size, num_oov_buckets=options.oov_buckets, vocab_filename=key
         )
+    for key in layout.category:
+        values = tf.cast(_present_values(inputs[key]), tf.int64)
+        # A combine analyzer, computed in the same pass as the means and quantiles: no vocabulary phase. The -1
+        # keeps each batch non-empty; with no value of 0 or more in the training split, every row gets id 0.
+        largest_id = tft.max(tf.concat([values, tf.constant([-1], tf.int64)], axis=0))
+        filled, _ = _dense_and_present(inputs[key], tf.constant(-1, inputs[key].dtype))
+        outputs[transformed_name(key)] = category_ids(tf.cast(filled, tf.int64), largest_id)
+        constants[key] = tf.reshape(tf.cast(largest_id, tf.float32), [1])
     outputs[layout.label_key] = compute_label(inputs, layout.label)
     constants.update(label_constants(layout.label, outputs[layout.label_key]))
     if constants:

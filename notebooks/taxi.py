@@ -1,5 +1,5 @@
 """The taxi data the notebooks train on: the embedded Chicago taxi sample, the pipeline's features and label,
-transformed with the project's own Transform math (z-scores, quantile buckets, vocabulary ids).
+transformed with the project's own Transform math (z-scores, quantile buckets, vocabulary and category ids).
 
 The pipeline computes these constants with TF Transform on Beam; here NumPy computes them on the training rows
 and `components.transform` applies them, so a notebook gets `build_model`'s inputs in a second, not a minute.
@@ -18,7 +18,7 @@ import pandas as pd
 import tensorflow as tf
 
 from components.features import transformed_name
-from components.transform import bucket_ids, z_score
+from components.transform import bucket_ids, category_ids, z_score
 from pipeline.config import TrainingConfig, load_config
 from pipeline.data import EMBEDDED_TAXI_DIR
 
@@ -69,6 +69,12 @@ def load_taxi(rows: int | None = None, eval_share: float = 0.2, seed: int = 0) -
         # Unseen and missing values share the one OOV id, as in the pipeline (transform.oov_buckets: 1).
         columns[transformed_name(key)] = text.map(vocabulary).fillna(len(vocabulary)).to_numpy(np.int64)
         cardinalities[transformed_name(key)] = len(vocabulary) + 1
+    for key in config.data.category_features:
+        values = frame[key].fillna(-1).to_numpy(np.int64)
+        largest_id = max(int(values[train_rows].max()), -1)
+        ids = category_ids(tf.constant(values), tf.constant(largest_id, tf.int64)).numpy()
+        columns[transformed_name(key)] = ids
+        cardinalities[transformed_name(key)] = largest_id + 2
 
     def take(index: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return {name: values[index].reshape(-1, 1) for name, values in columns.items()}, labels[index]

@@ -28,6 +28,9 @@ class DataConfig:
     numeric_features: list[str] = field(default_factory=list)
     bucket_features: list[str] = field(default_factory=list)
     vocab_features: list[str] = field(default_factory=list)
+    # Integer columns whose values are the ids themselves (hours, weekdays, area codes): no vocabulary to compute;
+    # 0 to the training split's largest value, and one more id for missing, negative or larger values.
+    category_features: list[str] = field(default_factory=list)
     # Cell values that mean "missing" besides the empty cell (which always does), in every column: e.g. [NA, "?"].
     # ExampleGen reads them as empty cells, so a numeric column with such markers stays numeric.
     missing_values: list[str] = field(default_factory=list)
@@ -432,7 +435,8 @@ class PipelineConfig:
 
     @property
     def features(self) -> list[str]:
-        return self.data.numeric_features + self.data.bucket_features + self.data.vocab_features
+        return (self.data.numeric_features + self.data.bucket_features + self.data.vocab_features
+                + self.data.category_features)
 
     @property
     def pipeline_root(self) -> str:
@@ -619,17 +623,19 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
 
 def _validate(config: PipelineConfig) -> None:
     if not config.features:
-        raise ConfigError("no features configured: set data.numeric_features, data.bucket_features or "
-                          "data.vocab_features.")
+        raise ConfigError("no features configured: set data.numeric_features, data.bucket_features, "
+                          "data.vocab_features or data.category_features.")
     if not config.label.column:
         raise ConfigError("label.column is empty: name the raw column the label is computed from.")
     if config.label.column in config.features:
         raise ConfigError(f"label.column '{config.label.column}' is also listed as a feature; remove it from data.*.")
-    seen = set()
-    for name in config.features:
-        if name in seen:
-            raise ConfigError(f"feature '{name}' is listed twice in data.*_features; keep one.")
-        seen.add(name)
+    seen: dict[str, str] = {}
+    for group in ("numeric_features", "bucket_features", "vocab_features", "category_features"):
+        for name in getattr(config.data, group):
+            if name in seen:
+                where = f"twice in data.{group}" if seen[name] == group else f"in data.{seen[name]} and data.{group}"
+                raise ConfigError(f"feature '{name}' is listed {where}; keep one.")
+            seen[name] = group
     if config.evaluation.slice_feature and config.evaluation.slice_feature not in config.features:
         raise ConfigError(f"evaluation.slice_feature '{config.evaluation.slice_feature}' is not a feature.")
     _validate_task(config.label, config.evaluation)

@@ -52,7 +52,8 @@ def check_config(config: PipelineConfig, files: list[Path] | None = None) -> Non
         check_column(label.relative_to, "label.relative_to")
     groups = [("data.numeric_features", config.data.numeric_features),
               ("data.bucket_features", config.data.bucket_features),
-              ("data.vocab_features", config.data.vocab_features)]
+              ("data.vocab_features", config.data.vocab_features),
+              ("data.category_features", config.data.category_features)]
     for key, names in groups:
         for name in names:
             check_column(name, key)
@@ -67,6 +68,11 @@ def check_config(config: PipelineConfig, files: list[Path] | None = None) -> Non
     for key, name in needs_number:
         if types[name] not in NUMERIC_TYPES:
             raise DataError(_not_a_number(config, key, name, types[name], files))
+    for name in config.data.category_features:
+        if types[name] != schema_pb2.INT:
+            typed = TYPE_NAMES.get(types[name], types[name])
+            raise DataError(f"data.category_features lists '{name}', whose values are used as ids, but the schema "
+                            f"{config.schema_path} types it as {typed}; move it to data.vocab_features.")
 
 
 def _not_a_number(config: PipelineConfig, key: str, name: str, schema_type: int, files: list[Path] | None) -> str:

@@ -61,6 +61,13 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
         vocabulary = [v.decode("utf-8") for v in tft_output.vocabulary_by_name(key)]
         features.append({"name": key, "kind": "vocab", **raw_type(key), "vocabulary": vocabulary,
                          "oov_id": len(vocabulary)})
+    for key in layout.category:
+        if raw_spec[key].dtype != tf.int64:
+            raise ValueError(f"category feature '{key}' is not an integer column; list it under "
+                             "data.vocab_features.")
+        (largest_id,) = constants(key)
+        features.append({"name": key, "kind": "category", **raw_type(key), "max_id": int(largest_id),
+                         "oov_id": int(largest_id) + 1})
     return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features,
             "task": task_from_transform(layout.label, tft_output).describe()}
 
@@ -112,7 +119,8 @@ def _as_text(values: np.ndarray, feature: dict[str, Any]) -> np.ndarray:
 
 def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     """Transformed features for a batch of raw rows: `<name>_xf` arrays of shape [rows, 1], float32 for numeric
-    features and int32 ids for buckets and vocabularies (the dtypes the exported TFLite, ONNX and TF.js take)."""
+    features and int32 ids for buckets, vocabularies and categories (the dtypes the exported TFLite, ONNX and
+    TF.js take)."""
     outputs = {}
     rows = None
     for feature in spec["features"]:
@@ -133,6 +141,9 @@ def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> di
             boundaries = np.array(feature["boundaries"], dtype=np.float32)
             ids = (filled[:, None] >= boundaries[None, :]).sum(axis=1)
             out = np.where(present, ids, feature["missing_id"]).astype(np.int32)
+        elif kind == "category":
+            # Compared as int64 before the int32 cast, so a huge value is out of range instead of wrapping.
+            out = np.where((values >= 0) & (values <= feature["max_id"]), values, feature["oov_id"]).astype(np.int32)
         else:
             index = {token: i for i, token in enumerate(feature["vocabulary"])}
             oov = feature["oov_id"]

@@ -21,7 +21,8 @@ CUSTOM_CONFIG = {
     "data": {
         "numeric_features": ["fare", "trip_miles", "trip_seconds"],
         "bucket_features": ["lat"],
-        "vocab_features": ["payment_type", "hour", "tract"],
+        "vocab_features": ["payment_type", "tract"],
+        "category_features": ["hour", "area"],
     },
     "label": {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""},
     "transform": {"bucket_count": 5, "vocab_size": 100, "oov_buckets": 1},
@@ -34,6 +35,7 @@ FEATURE_SPEC = {
     "payment_type": tf.io.VarLenFeature(tf.string),
     "hour": tf.io.FixedLenFeature([1], tf.int64),
     "tract": tf.io.VarLenFeature(tf.int64),
+    "area": tf.io.VarLenFeature(tf.int64),
     "tips": tf.io.FixedLenFeature([1], tf.float32),
 }
 MISSING = {tf.float32: np.nan, tf.int64: -1, tf.string: ""}
@@ -67,6 +69,7 @@ def synthetic_rows(n: int, seed: int) -> list[dict]:
             "payment_type": [payment.encode()] if rng.random() > 0.05 else [],
             "hour": [hour],
             "tract": [int(17031000000 + rng.integers(0, 40) * 100)] if rng.random() > 0.2 else [],
+            "area": [int(rng.integers(1, 78))] if rng.random() > 0.1 else [],
             "tips": [float(np.float32(max(0.0, fare * (rate + rng.normal(0, 0.05)))))],
         }
         rows.append(row)
@@ -88,6 +91,9 @@ def request_columns(rows: list[dict]) -> dict[str, np.ndarray]:
 def build_small_model(folder: Path, train_rows: int = 3000, eval_rows: int = 1000) -> SmallModel:
     layout = FeatureLayout.from_properties(CUSTOM_CONFIG)
     train, evaluation = synthetic_rows(train_rows, seed=1), synthetic_rows(eval_rows, seed=2)
+    # Areas the training split never holds, so every format meets the category's out-of-range id.
+    for i, row in enumerate(evaluation[::25]):
+        row["area"] = [[78, 200, -3, 0][i % 4]]
     metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(FEATURE_SPEC))
     transform_dir = str(folder / "transform")
     with tft_beam.Context(temp_dir=str(folder / "tft_tmp"), force_tf_compat_v1=False):

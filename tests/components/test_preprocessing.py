@@ -1,12 +1,16 @@
 """The shipped preprocessing (components/exporter/preprocessing.py) on a taxi-like spec, value by value: missing values,
 bucket boundaries, unseen and missing vocabulary entries, and bad requests. test_transform.py checks the same code
 bit for bit against a real Transform graph; these tests pin each decision without running TF Transform."""
+import json
 import math
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from components.exporter.preprocessing import SPEC_VERSION, RequestError, load_spec, preprocess, save_spec
+from components.exporter.runtimes import node_executable
 
 SPEC = {
     "version": SPEC_VERSION,
@@ -34,11 +38,15 @@ SPEC = {
          "vocabulary": ["8", "32", "-1"], "oov_id": 3},
         {"name": "trip_start_month", "kind": "vocab", "dtype": "int", "optional": False,
          "vocabulary": ["6", "-1"], "oov_id": 2},
+        {"name": "dropoff_community_area", "kind": "category", "dtype": "int", "optional": True, "max_id": 77,
+         "oov_id": 78},
+        {"name": "trip_start_weekday", "kind": "category", "dtype": "int", "optional": False, "max_id": 7,
+         "oov_id": 8},
     ],
 }
 ROW = {"fare": [12.0], "trip_seconds": [600], "trip_start_hour": [1], "dropoff_latitude": [41.9], "fixed_rate": [3.0],
        "pickup_latitude": [41.88], "trip_start_day": [1], "payment_type": ["Cash"], "pickup_community_area": [8],
-       "trip_start_month": [6]}
+       "trip_start_month": [6], "dropoff_community_area": [8], "trip_start_weekday": [3]}
 
 
 def one(**changes):
@@ -128,6 +136,39 @@ def test_integer_vocabularies_match_the_text_of_the_value():
     # Required: -1 is the value "-1".
     assert one(trip_start_month=-1)["trip_start_month_xf"] == 1
     assert one(trip_start_month=7)["trip_start_month_xf"] == 2
+
+
+@pytest.mark.parametrize("area, area_id", [
+    (0, 0), (1, 1), (77, 77), (78, 78), (79, 78), (-1, 78), (None, 78), (-5, 78), (2**31 + 3, 78), (2**40, 78),
+])
+def test_category_values_are_their_ids_and_everything_else_the_out_of_range_id(area, area_id):
+    assert one(dropoff_community_area=area)["dropoff_community_area_xf"] == area_id
+
+
+@pytest.mark.parametrize("weekday, weekday_id", [(0, 0), (7, 7), (8, 8), (9, 8), (-1, 8), (None, 8)])
+def test_a_required_category_treats_minus_one_and_none_as_out_of_range_too(weekday, weekday_id):
+    assert one(trip_start_weekday=weekday)["trip_start_weekday_xf"] == weekday_id
+
+
+def test_javascript_maps_categories_at_the_edges_like_python(tmp_path):
+    areas = [0, 77, 78, -1, None, 2**40]
+    columns = {k: v * len(areas) for k, v in ROW.items()}
+    columns.update(dropoff_community_area=areas, trip_start_weekday=[0, 7, 8, -1, None, -2**40])
+    (tmp_path / "spec.json").write_text(json.dumps(SPEC))
+    (tmp_path / "request.json").write_text(json.dumps(columns))
+    module = Path(__file__).parents[2] / "components" / "exporter" / "node" / "preprocessing.mjs"
+    script = (f"import {{ preprocess }} from '{module}'; import {{ readFileSync }} from 'node:fs';"
+              f"const read = (name) => JSON.parse(readFileSync('{tmp_path}/' + name, 'utf8'));"
+              "const out = preprocess(read('spec.json'), read('request.json'));"
+              "const arrays = Object.entries(out).map(([k, v]) => [k, Array.from(v.values)]);"
+              "console.log(JSON.stringify(Object.fromEntries(arrays)));")
+    result = subprocess.run([node_executable(), "--input-type=module", "-e", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    javascript, python = json.loads(result.stdout), preprocess(SPEC, columns)
+    assert javascript["dropoff_community_area_xf"] == [0, 77, 78, 78, 78, 78]
+    assert javascript["trip_start_weekday_xf"] == [0, 7, 8, 8, 8, 8]
+    for name in ("dropoff_community_area_xf", "trip_start_weekday_xf"):
+        assert python[name].ravel().tolist() == javascript[name], name
 
 
 def test_a_request_without_a_feature_is_refused():

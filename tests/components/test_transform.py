@@ -13,7 +13,7 @@ from components.transform import preprocessing_fn
 
 CUSTOM_CONFIG = {
     "data": {"numeric_features": ["fare", "trip_miles"], "bucket_features": ["lat"],
-             "vocab_features": ["payment_type", "hour"]},
+             "vocab_features": ["payment_type", "hour"], "category_features": ["area", "day"]},
     "label": {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""},
     "transform": {"bucket_count": 2, "vocab_size": 100, "oov_buckets": 1},
 }
@@ -23,6 +23,8 @@ FEATURE_SPEC = {
     "lat": tf.io.VarLenFeature(tf.float32),
     "payment_type": tf.io.VarLenFeature(tf.string),
     "hour": tf.io.FixedLenFeature([1], tf.int64),
+    "area": tf.io.VarLenFeature(tf.int64),
+    "day": tf.io.FixedLenFeature([1], tf.int64),
     "tips": tf.io.FixedLenFeature([1], tf.float32),
 }
 ROWS = [
@@ -33,6 +35,9 @@ ROWS = [
     {"fare": [50.0], "trip_miles": [5.0], "lat": [41.7], "payment_type": [b"Cash"], "hour": [1], "tips": [11.0]},
     {"fare": [60.0], "trip_miles": [], "lat": [], "payment_type": [b"Credit Card"], "hour": [2], "tips": [12.0]},
 ]
+# Integer categories: area (optional) reaches 5 on these rows, with a missing and a negative value; day 7.
+for row, area, day in zip(ROWS, [[3], [0], [], [5], [-2], [1]], [1, 7, 2, 7, 3, 1], strict=True):
+    row.update(area=area, day=[day])
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +75,14 @@ def request_columns(rows):
         "lat": [value(r, "lat", None) for r in rows],
         "payment_type": [value(r, "payment_type", "") for r in rows],
         "hour": [value(r, "hour", -1) for r in rows],
+        "area": [value(r, "area", -1) for r in rows],
+        "day": [value(r, "day", -1) for r in rows],
     }
 
 
 def test_outputs(transformed):
     assert sorted(transformed) == sorted(
-        ["fare_xf", "trip_miles_xf", "lat_xf", "payment_type_xf", "hour_xf", "big_tipper"]
+        ["fare_xf", "trip_miles_xf", "lat_xf", "payment_type_xf", "hour_xf", "area_xf", "day_xf", "big_tipper"]
     )
 
 
@@ -108,6 +115,48 @@ def test_vocabulary_by_frequency_with_missing_as_a_token(transformed):
     np.testing.assert_array_equal(transformed["hour_xf"], [0, 0, 1, 2, 0, 1])
 
 
+def test_integer_categories_are_their_own_ids_up_to_the_training_maximum(transformed):
+    # area: 0 to 5 as they are; the missing value and -2 get 6, the one out-of-range id. day: 0 to 7, 8 for others.
+    np.testing.assert_array_equal(transformed["area_xf"], [3, 0, 6, 5, 6, 1])
+    np.testing.assert_array_equal(transformed["day_xf"], [1, 7, 2, 7, 3, 1])
+
+
+# Raw rows after training, at the edges of the id range: 0, the training maximum, one above it, -1, missing (None:
+# area is optional, so a request sends -1 for it), and a value beyond int32 that must not wrap around.
+EDGES = {"area": [0, 5, 6, -1, None, 2**40], "day": [0, 7, 8, -1, -5, 2**40]}
+EDGE_IDS = {"area_xf": [0, 5, 6, 6, 6, 6], "day_xf": [0, 7, 8, 8, 8, 8]}
+
+
+def edge_request():
+    columns = request_columns(ROWS[:1] * len(EDGES["area"]))
+    return {**columns, "area": [-1 if v is None else v for v in EDGES["area"]], "day": EDGES["day"]}
+
+
+def test_the_transform_graph_maps_category_edges_to_the_out_of_range_id(transform_run):
+    import tensorflow_transform as tft
+
+    from components.model import raw_tensors_to_parsed
+
+    tft_output = tft.TFTransformOutput(transform_run[1])
+    dtypes = {key: spec.dtype for key, spec in FEATURE_SPEC.items()}
+    request = {**edge_request(), "tips": [1.0] * len(EDGES["area"])}
+    tensors = {key: tf.constant([math.nan if v is None else v for v in values], dtypes[key])
+               for key, values in request.items()}
+    outputs = tft_output.transform_features_layer()(raw_tensors_to_parsed(tensors, tft_output))
+    for name, ids in EDGE_IDS.items():
+        assert outputs[name].numpy().ravel().tolist() == ids, name
+
+
+def test_shipped_preprocessing_maps_category_edges_like_the_transform_graph(spec):
+    by_name = {f["name"]: f for f in spec["features"]}
+    assert by_name["area"] == {"name": "area", "kind": "category", "dtype": "int", "optional": True, "max_id": 5,
+                               "oov_id": 6}
+    assert by_name["day"]["optional"] is False and (by_name["day"]["max_id"], by_name["day"]["oov_id"]) == (7, 8)
+    outputs = preprocess(spec, {**edge_request(), "area": EDGES["area"]})
+    for name, ids in EDGE_IDS.items():
+        assert outputs[name].ravel().tolist() == ids, name
+
+
 def test_label_is_big_tipper(transformed):
     # tips > 0.2 * fare: 3>2, 1>4, 10>6, 0>8, 11>10, 12>12.
     np.testing.assert_array_equal(transformed["big_tipper"], [1, 0, 1, 0, 1, 0])
@@ -135,11 +184,13 @@ def test_preprocessing_spec_holds_the_analyzer_results(spec):
 
 def test_unseen_values_boundaries_and_missing(spec):
     boundary = spec["features"][2]["boundaries"][0]
-    columns = {"fare": [None], "trip_miles": [1.0], "lat": [boundary], "payment_type": ["Bitcoin"], "hour": [23]}
+    columns = {"fare": [None], "trip_miles": [1.0], "lat": [boundary], "payment_type": ["Bitcoin"], "hour": [23],
+               "area": [9], "day": [4]}
     outputs = preprocess(spec, columns)
     assert outputs["fare_xf"][0, 0] == 0.0  # missing -> the mean -> 0
     assert outputs["lat_xf"][0, 0] == 1  # a value on a boundary belongs to the bucket above it
     assert outputs["payment_type_xf"][0, 0] == 2 and outputs["hour_xf"][0, 0] == 3  # the one OOV id
+    assert outputs["area_xf"][0, 0] == 6 and outputs["day_xf"][0, 0] == 4
 
 
 def test_preprocessing_rejects_a_bad_request(spec):

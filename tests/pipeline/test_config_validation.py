@@ -23,11 +23,17 @@ def test_training_counts_need_at_least_one(key):
     (["training.dropout=1.0"], "training.dropout must be in [0, 1)."),
     (["training.dropout=-0.01"], "training.dropout must be in [0, 1)."),
     (["training.hidden_units=[]"], "training.hidden_units must list at least one layer size."),
-    (["data.numeric_features=[]", "data.bucket_features=[]", "data.vocab_features=[]"],
-     "no features configured: set data.numeric_features, data.bucket_features or data.vocab_features."),
+    (["data.numeric_features=[]", "data.bucket_features=[]", "data.vocab_features=[]", "data.category_features=[]"],
+     "no features configured: set data.numeric_features, data.bucket_features, data.vocab_features or "
+     "data.category_features."),
     (["label.column="], "label.column is empty: name the raw column the label is computed from."),
     (["label.column=fare"], "label.column 'fare' is also listed as a feature; remove it from data.*."),
-    (["data.vocab_features=[company, fare]"], "feature 'fare' is listed twice in data.*_features; keep one."),
+    (["data.vocab_features=[company, fare]"],
+     "feature 'fare' is listed in data.numeric_features and data.vocab_features; keep one."),
+    (["data.category_features=[trip_start_day, company]"],
+     "feature 'company' is listed in data.vocab_features and data.category_features; keep one."),
+    (["data.category_features=[trip_start_day, trip_start_day]"],
+     "feature 'trip_start_day' is listed twice in data.category_features; keep one."),
     (["evaluation.slice_feature=tips"], "evaluation.slice_feature 'tips' is not a feature."),
     (["schema_path="], "schema_path is empty: point it at a curated schema.pbtxt."),
     (["schema_path=/no/such/schema.pbtxt"], "schema file /no/such/schema.pbtxt does not exist; fix schema_path."),
@@ -248,9 +254,9 @@ def refusal_of_file(path):
 def test_paths_and_the_sections_every_component_receives(tmp_path):
     config = load_config(None, [f"output_root={tmp_path}", "name=job", "model_name=m"])
     assert config.features == ["fare", "trip_miles", "trip_seconds", "pickup_latitude", "pickup_longitude",
-                               "dropoff_latitude", "dropoff_longitude", "payment_type", "company", "trip_start_hour",
-                               "trip_start_day", "trip_start_month", "pickup_community_area",
-                               "dropoff_community_area", "dropoff_census_tract"]
+                               "dropoff_latitude", "dropoff_longitude", "payment_type", "company",
+                               "dropoff_census_tract", "trip_start_hour", "trip_start_day", "trip_start_month",
+                               "pickup_community_area", "dropoff_community_area"]
     assert config.pipeline_root == f"{tmp_path}/pipelines/job"
     assert config.metadata_path == f"{tmp_path}/metadata/job/metadata.db"
     assert config.serving_dir == f"{tmp_path}/serving/m"

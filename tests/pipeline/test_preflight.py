@@ -112,6 +112,15 @@ def test_feature_the_schema_does_not_describe(project, capsys):
                        "data.vocab_features.")
 
 
+def test_a_category_feature_must_be_an_integer_column(project, capsys):
+    check_config(load_config(project / "rides.yaml", ["data.vocab_features=[city]", "data.category_features=[count]"]))
+    for column, typed in (("city", "BYTES (a string)"), ("distance", "FLOAT")):
+        message = run_fails(project, capsys, "data.numeric_features=[]", "data.vocab_features=[]",
+                            f"data.category_features=[{column}]")
+        assert message == (f"error: data.category_features lists '{column}', whose values are used as ids, but the "
+                           f"schema {project / 'schema.pbtxt'} types it as {typed}; move it to data.vocab_features.")
+
+
 def test_string_label_compared_with_a_threshold(project, capsys):
     message = run_fails(project, capsys, "label.positive_value=")
     assert message.startswith("error: label.column 'tipped' is compared with label.threshold, but the schema")

@@ -59,6 +59,9 @@ export function preprocess(spec, columns) {
         if (!present) return feature.missing_id;
         return boundaries.reduce((count, b) => count + (x >= b ? 1 : 0), 0);
       });
+    } else if (feature.kind === 'category') {
+      // -1 (missing), negative and larger values all get the one out-of-range id.
+      out = Int32Array.from(values, (v) => (v >= 0 && v <= feature.max_id ? v : feature.oov_id));
     } else {
       const index = new Map(feature.vocabulary.map((token, i) => [token, i]));
       out = Int32Array.from(asText(values, feature), (token) => index.get(token) ?? feature.oov_id);

@@ -1,11 +1,20 @@
 """The built model reflects each training choice from the config, and it trains."""
+import base64
 import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.model import apply_hyperparameters, build_model, class_weights
+from components.features import FeatureLayout
+from components.model import (
+    MAX_CATEGORY_IDS,
+    apply_hyperparameters,
+    build_model,
+    categorical_cardinalities,
+    class_weights,
+)
+from components.transform import CONSTANTS_VOCABULARY
 from pipeline.config import TrainingConfig
 
 NUMERIC = ["fare_xf", "trip_miles_xf"]
@@ -125,3 +134,31 @@ def test_one_or_no_numeric_feature_builds_and_clones_as_the_optimizer_does(numer
     features, _ = random_batch(8)
     batch = {name: features[name] for name in [*numeric, *CARDINALITIES]}
     np.testing.assert_allclose(clone.predict(batch, verbose=0), model.predict(batch, verbose=0), rtol=1e-6)
+
+
+class RecordedConstants:
+    """A Transform output holding only what record_constants writes: the largest id of category feature 'area'."""
+
+    def __init__(self, largest_id: int):
+        def encode(data: bytes) -> bytes:
+            return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+        value = tf.io.serialize_tensor(tf.constant([largest_id], tf.float32)).numpy()
+        self.token = encode(b"area") + b"=" + encode(value)
+
+    def vocabulary_by_name(self, name):
+        assert name == CONSTANTS_VOCABULARY
+        return [self.token]
+
+
+def test_a_category_input_has_an_id_per_value_up_to_the_largest_plus_the_out_of_range_id():
+    layout = FeatureLayout.from_properties({"data": {"category_features": ["area"]}, "label": {"column": "tips"},
+                                            "transform": {}})
+    assert categorical_cardinalities(layout, RecordedConstants(77)) == {"area_xf": 79}
+    assert categorical_cardinalities(layout, RecordedConstants(-1)) == {"area_xf": 1}
+    largest = MAX_CATEGORY_IDS - 1
+    assert categorical_cardinalities(layout, RecordedConstants(largest)) == {"area_xf": MAX_CATEGORY_IDS + 1}
+    with pytest.raises(ValueError) as error:
+        categorical_cardinalities(layout, RecordedConstants(MAX_CATEGORY_IDS))
+    assert str(error.value) == (f"category feature 'area' reaches {MAX_CATEGORY_IDS} on the training split, too large "
+                                f"for ids (at most {largest}); list it under data.vocab_features.")

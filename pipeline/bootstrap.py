@@ -33,7 +33,8 @@ from pipeline.data import (
 from pipeline.statistics_page import statistics_html
 
 SPLITS = ("train", "eval")
-# Integer columns with at most this many distinct values are codes (hour, month, category id): a vocabulary.
+# Integer columns with at most this many distinct values are codes (hour, month, category id): a vocabulary, or
+# data.category_features when they are dense codes, 0 or more and below twice their count (no vocabulary to compute).
 VOCAB_MAX_INTEGER_VALUES = 32
 # A string column with more distinct values than this and than half its rows is an identifier or free text.
 IDENTIFIER_MIN_VALUES = 50
@@ -53,7 +54,8 @@ SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a column goes: "numeric", "bucket" or "vocab" (a feature group of data.*), or None (left out)."""
+    """Where a column goes: "numeric", "bucket", "vocab" or "category" (a feature group of data.*), or None (left
+    out)."""
 
     column: str
     group: str | None
@@ -222,8 +224,13 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
                 placements.append(Placement(column, "vocab", described))
             continue
         if schema_type == schema_pb2.INT and not profile.more_values and len(values) <= VOCAB_MAX_INTEGER_VALUES:
-            placements.append(Placement(column, "vocab", f"{described}, at most {VOCAB_MAX_INTEGER_VALUES}: codes "
-                                                         "rather than quantities"))
+            codes = [int(value) for value in values]
+            if min(codes) >= 0 and max(codes) < 2 * len(codes):
+                placements.append(Placement(column, "category", f"{described}, 0 to {max(codes)}: codes used as "
+                                                                "ids"))
+            else:
+                placements.append(Placement(column, "vocab", f"{described}, at most {VOCAB_MAX_INTEGER_VALUES}: "
+                                                             "codes rather than quantities"))
             continue
         tail = _long_tail(stats[column]) if column in stats else ""
         placements.append(Placement(column, "bucket", f"{described}; {tail}") if tail
@@ -302,7 +309,7 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
         lines += [f"  #   {note}" for note in marker_notes]
     lines.append(f"  missing_values: [{', '.join(_scalar(m) for m in markers)}]")
     width = max((len(_scalar(p.column)) for p in placements), default=0)
-    for group in ("numeric", "bucket", "vocab"):
+    for group in ("numeric", "bucket", "vocab", "category"):
         chosen = [p for p in placements if p.group == group]
         if not chosen:
             lines.append(f"  {group}_features: []")
@@ -468,7 +475,8 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
                         + "; ".join(f"{p.column}: {p.reason}" for p in placements) + ".")
     print("features:", file=out)
     width = max(len(p.column) for p in placements)
-    groups = {"numeric": "numeric", "bucket": "bucketized", "vocab": "vocabulary", None: "left out"}
+    groups = {"numeric": "numeric", "bucket": "bucketized", "vocab": "vocabulary", "category": "category",
+              None: "left out"}
     for placement in placements:
         print(f"  {groups[placement.group]:<10}  {placement.column:<{width}}  {placement.reason}", file=out)
 

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline import cli
-from pipeline.bootstrap import _percent, blessing_bound, infer_label, propose_markers
+from pipeline.bootstrap import _percent, blessing_bound, infer_label, place_features, propose_markers
 from pipeline.config import load_config
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
@@ -57,7 +57,8 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
     assert (config.label.column, config.label.kind, config.label.positive_value) == ("bought", "binary", "yes")
     assert config.data.numeric_features == ["age"]
     assert config.data.bucket_features == ["income"], "the long tail goes to quantile buckets"
-    assert config.data.vocab_features == ["city", "rooms", "note"], "a small set of integers is codes"
+    assert config.data.vocab_features == ["city", "note"]
+    assert config.data.category_features == ["rooms"], "a small set of integers from 1 to 6 is codes, used as ids"
     assert "bought" not in config.features and "house_id" not in config.features and "country" not in config.features
     written = config_path.read_text()
     assert "#   house_id: strings, 160 distinct values in 160 rows: an identifier" in written
@@ -153,3 +154,19 @@ def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
 def test_a_few_gaps_in_many_rows_do_not_read_as_none():
     assert [_percent(share) for share in (0.0, 2 / 15002, 0.0005, 0.093, 0.34)] == ["0.0%", "<0.1%", "0.1%", "9.3%",
                                                                                        "34%"]
+
+
+@pytest.mark.parametrize("codes, group", [
+    (range(0, 24), "category"),  # hours
+    (range(1, 8), "category"),  # weekdays: 1 to 7, below twice their count
+    ([*range(10), 22], "vocab"),  # 22 is not below twice the 11 values' count ...
+    ([*range(10), 21], "category"),  # ... 21 is
+    ([-1, 0, 1, 2], "vocab"),  # a negative code has no id of its own
+    ([100, 200, 300, 400], "vocab"),  # sparse codes: a vocabulary of four is smaller than 401 ids
+])
+def test_small_integer_codes_are_ids_when_dense_and_a_vocabulary_otherwise(codes, group):
+    values = Counter({str(code): 3 for code in codes})
+    profile = ColumnProfile("code", rows=sum(values.values()), values=values, types=Counter(int=sum(values.values())))
+    (placement,) = place_features(["code"], "label", {"code": profile}, [], {"code": schema_pb2.INT},
+                                  statistics_pb2.DatasetFeatureStatistics())
+    assert placement.group == group

@@ -251,7 +251,7 @@ def _main(argv: list[str] | None, collect: bool) -> int:
 
 def _exit_without_teardown(code: int) -> NoReturn:
     """Ends the process with `code` as sys.exit would, less the interpreter's teardown: freeing every module and
-    object of TensorFlow, TFX and Beam one by one takes seconds after a run and writes nothing.
+    object of TensorFlow, TFX and Beam one by one takes seconds after a run and writes nothing a user needs.
 
     What an exit must still do is done first: other non-daemon threads finish, the atexit handlers run (logging's
     flush and close, multiprocessing's join of child processes, finalizers of temporary folders) and the console
@@ -260,7 +260,7 @@ def _exit_without_teardown(code: int) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # what sys.exit runs; os._exit does not
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

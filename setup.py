@@ -17,5 +17,5 @@ setup(
         "keras-tuner",
         "pyyaml",
     ],
-    entry_points={"console_scripts": ["mlops=pipeline.cli:main"]},
+    entry_points={"console_scripts": ["mlops=pipeline.cli:console_main"]},
 )

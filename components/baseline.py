@@ -16,8 +16,10 @@ from typing import Any
 
 from ml_metadata.proto import metadata_store_pb2
 from tfx import types
-from tfx import v1 as tfx
 from tfx.dsl.components.common import resolver
+from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
+from tfx.types import standard_artifacts
+from tfx.types.channel import Channel
 
 from components.specs import MODEL_BLESSING_KEY, MODEL_KEY
 
@@ -65,20 +67,20 @@ class PreviousBlessedModelStrategy(resolver.ResolverStrategy):
 
 
 def baseline_resolver(kind: str, model_producer: str, model_key: str, evaluator: str,
-                      blessing_key: str = "blessing") -> tfx.dsl.Resolver | None:
+                      blessing_key: str = "blessing") -> resolver.Resolver | None:
     """The resolver node for `evaluation.baseline` over the models `model_producer` wrote under `model_key` and the
     blessings `evaluator` wrote; None for "none"."""
     if kind == "none":
         return None
     strategies = {"previous_blessed": PreviousBlessedModelStrategy,
-                  "latest_blessed": tfx.dsl.experimental.LatestBlessedModelStrategy}
+                  "latest_blessed": LatestBlessedModelStrategy}
     if kind not in strategies:
         raise ValueError(f"evaluation.baseline must be previous_blessed, latest_blessed or none; got {kind!r}.")
-    return tfx.dsl.Resolver(
+    return resolver.Resolver(
         strategy_class=strategies[kind],
         # Every run's output of the producer (not just this run's): earlier runs' models are the baselines.
-        **{MODEL_KEY: tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model, producer_component_id=model_producer,
-                                      output_key=model_key),
-           MODEL_BLESSING_KEY: tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing,
-                                               producer_component_id=evaluator, output_key=blessing_key)},
+        **{MODEL_KEY: Channel(type=standard_artifacts.Model, producer_component_id=model_producer,
+                              output_key=model_key),
+           MODEL_BLESSING_KEY: Channel(type=standard_artifacts.ModelBlessing, producer_component_id=evaluator,
+                                       output_key=blessing_key)},
     ).with_id(RESOLVER_ID)

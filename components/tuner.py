@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras_tuner
 import tensorflow as tf
 import tensorflow_transform as tft
-from tfx import v1 as tfx
+from tfx.components.trainer.fn_args_utils import FnArgs
+from tfx.components.tuner.component import TunerFnResult
 
 from components.features import FeatureLayout, transformed_name
 from components.model import (
@@ -28,7 +29,7 @@ def search_space() -> keras_tuner.HyperParameters:
     return hp
 
 
-def tuner_fn(fn_args: tfx.components.FnArgs) -> tfx.components.TunerFnResult:
+def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
     """TFX Tuner entry point; the best hyperparameters go to the Trainer through `apply_hyperparameters`."""
     layout = FeatureLayout.from_properties(fn_args.custom_config)
     training = read_section(fn_args.custom_config, TRAINING_KEY, TrainingConfig)
@@ -59,7 +60,7 @@ def tuner_fn(fn_args: tfx.components.FnArgs) -> tfx.components.TunerFnResult:
     else:
         tuner = keras_tuner.RandomSearch(**common)
     batch = training.batch_size
-    return tfx.components.TunerFnResult(
+    return TunerFnResult(
         tuner=tuner,
         fit_kwargs={
             "x": input_fn(fn_args.train_files, fn_args.data_accessor, tft_output, layout.label_key, batch),

@@ -387,20 +387,22 @@ def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, stati
 
 
 def _statistics_pipeline(config: PipelineConfig) -> Any:
-    from tfx import v1 as tfx
+    # Not `tfx.v1`, which imports cloud clients (pipeline/pipeline.py).
+    from tfx.components import SchemaGen, StatisticsGen
+    from tfx.orchestration.metadata import sqlite_metadata_connection_config
+    from tfx.orchestration.pipeline import Pipeline
 
     from pipeline.pipeline import beam_args, csv_example_gen
 
     example_gen = csv_example_gen(config)
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
-    return tfx.dsl.Pipeline(
+    statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
+    return Pipeline(
         pipeline_name=config.name,
         pipeline_root=os.path.abspath(config.pipeline_root),
         components=[example_gen, statistics_gen, schema_gen],
         enable_cache=False,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            os.path.abspath(config.metadata_path)),
+        metadata_connection_config=sqlite_metadata_connection_config(os.path.abspath(config.metadata_path)),
         beam_pipeline_args=beam_args(config),
     )
 

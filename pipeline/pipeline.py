@@ -8,9 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow_model_analysis as tfma
-from tfx import v1 as tfx
+
+# TFX's modules, not `tfx.v1`: it imports Google Cloud's AI Platform and KFP clients (~2 s) that runs never use.
+from tfx.components import Evaluator, ExampleValidator, StatisticsGen, Trainer, Transform, Tuner
 from tfx.components.example_gen.component import FileBasedExampleGen
+from tfx.components.schema_gen.import_schema_gen.component import ImportSchemaGen
 from tfx.dsl.components.base import executor_spec
+from tfx.orchestration.data_types import RuntimeParameter
+from tfx.orchestration.metadata import sqlite_metadata_connection_config
+from tfx.orchestration.pipeline import Pipeline
+from tfx.proto import example_gen_pb2, trainer_pb2
 
 from components import artifacts
 from components.baseline import baseline_resolver
@@ -211,15 +218,14 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
     """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells (also what
     `mlops init` reads the data with, so that its schema describes the same encoding)."""
     return FileBasedExampleGen(
-        input_base=tfx.dsl.experimental.RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str,
-                                                         default=data_root(config)),
-        input_config=tfx.proto.Input(splits=[tfx.proto.Input.Split(name="single_split", pattern="*.csv")]),
-        output_config=tfx.proto.Output(
-            split_config=tfx.proto.SplitConfig(
+        input_base=RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str, default=data_root(config)),
+        input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*.csv")]),
+        output_config=example_gen_pb2.Output(
+            split_config=example_gen_pb2.SplitConfig(
                 splits=[
-                    tfx.proto.SplitConfig.Split(name="train", hash_buckets=config.data.train_buckets),
-                    tfx.proto.SplitConfig.Split(name="eval", hash_buckets=config.data.eval_buckets),
-                    *([tfx.proto.SplitConfig.Split(name=artifacts.CALIBRATION_SPLIT,
+                    example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=config.data.train_buckets),
+                    example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=config.data.eval_buckets),
+                    *([example_gen_pb2.SplitConfig.Split(name=artifacts.CALIBRATION_SPLIT,
                                                    hash_buckets=config.data.calibration_buckets)]
                       if config.data.calibration_buckets else []),
                 ]
@@ -232,7 +238,7 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
 
 def create_pipeline(
     config: PipelineConfig, deployment: Deployment = LOCAL, data_only: bool = False
-) -> tfx.dsl.Pipeline:
+) -> Pipeline:
     """Builds the TFX pipeline; the same object runs locally or, compiled, on Kubeflow Pipelines.
 
     Each component gets the config sections it reads (components/specs.py), so that editing a later stage's
@@ -242,13 +248,13 @@ def create_pipeline(
     fingerprint = code_fingerprint()
     trainer_config = trainer_custom_config(config)
     example_gen = csv_example_gen(config)
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_file(config, deployment))
-    example_validator = tfx.components.ExampleValidator(
+    statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = ImportSchemaGen(schema_file=schema_file(config, deployment))
+    example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
     gate = DataValidationGate(anomalies=example_validator.outputs["anomalies"]).with_id("DataValidationGate")
-    transform = tfx.components.Transform(
+    transform = Transform(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
@@ -264,27 +270,27 @@ def create_pipeline(
 
     hyperparameters = None
     if config.tuner.enabled:
-        tuner = tfx.components.Tuner(
+        tuner = Tuner(
             tuner_fn=TUNER_FN,
             examples=transform.outputs["transformed_examples"],
             transform_graph=transform.outputs["transform_graph"],
-            train_args=tfx.proto.TrainArgs(num_steps=config.tuner.train_steps),
-            eval_args=tfx.proto.EvalArgs(num_steps=config.tuner.eval_steps),
+            train_args=trainer_pb2.TrainArgs(num_steps=config.tuner.train_steps),
+            eval_args=trainer_pb2.EvalArgs(num_steps=config.tuner.eval_steps),
             custom_config=trainer_config,
         )
         components.append(tuner)
         hyperparameters = tuner.outputs["best_hyperparameters"]
 
-    trainer = tfx.components.Trainer(
+    trainer = Trainer(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
         hyperparameters=hyperparameters,
         # A TrainArgs proto as JSON, so that a KFP run can change the number of steps.
-        train_args=tfx.dsl.experimental.RuntimeParameter(
+        train_args=RuntimeParameter(
             name=TRAIN_ARGS_PARAMETER, ptype=str, default=json.dumps({"num_steps": config.training.train_steps})),
-        eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps),
+        eval_args=trainer_pb2.EvalArgs(num_steps=config.training.eval_steps),
         custom_config=trainer_config,
         # TFX's own executor for one local worker; N worker processes or a TFJob otherwise.
         custom_executor_spec=executor_spec.ExecutorClassSpec(DistributedTrainerExecutor),
@@ -302,7 +308,7 @@ def create_pipeline(
     if model_resolver is not None:
         # The resolver must run after this run's candidate exists: it leaves that model out of the baselines.
         model_resolver.add_upstream_node(optimizer)
-    evaluator = tfx.components.Evaluator(
+    evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=optimizer.outputs[OPTIMIZED_MODEL_KEY],
         baseline_model=model_resolver.outputs["model"] if model_resolver else None,
@@ -328,13 +334,13 @@ def create_pipeline(
     return _pipeline(config, deployment, components)
 
 
-def _pipeline(config: PipelineConfig, deployment: Deployment, components: list[Any]) -> tfx.dsl.Pipeline:
-    return tfx.dsl.Pipeline(
+def _pipeline(config: PipelineConfig, deployment: Deployment, components: list[Any]) -> Pipeline:
+    return Pipeline(
         pipeline_name=config.name,
         pipeline_root=artifacts.absolute(config.pipeline_root),
         components=components,
         enable_cache=config.enable_cache,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+        metadata_connection_config=sqlite_metadata_connection_config(
             artifacts.absolute(config.metadata_path)
         ) if deployment.local else None,
         beam_pipeline_args=beam_args(config, deployment),

@@ -72,7 +72,7 @@ class WorkerSpec:
         )
 
     def fn_args(self):  # -> tfx FnArgs; imported lazily so that the launcher does not load TensorFlow.
-        from tfx import v1 as tfx
+        from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
         from tfx.components.util import tfxio_utils
 
         def tfxio(file_pattern, schema):
@@ -84,13 +84,13 @@ class WorkerSpec:
                 schema=schema,
             )
 
-        accessor = tfx.components.DataAccessor(
+        accessor = DataAccessor(
             tf_dataset_factory=lambda patterns, options, schema: tfxio(patterns, schema).TensorFlowDataset(options),
             record_batch_factory=lambda patterns, options, schema: tfxio(patterns, schema).RecordBatches(options),
             # Only DataViews over FORMAT_PROTO payloads decode records this way; Transform writes tf.Examples.
             data_view_decode_fn=None,
         )
-        return tfx.components.FnArgs(
+        return FnArgs(
             train_files=self.train_files,
             eval_files=self.eval_files,
             train_steps=self.train_steps,

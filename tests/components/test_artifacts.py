@@ -81,3 +81,14 @@ def test_the_data_gate_reads_anomalies_from_any_file_system(root):
                           anomalies_pb2.Anomalies().SerializeToString())
     found = read_anomalies(root, ["train", "eval"])
     assert [str(a) for a in found] == ["[train] fare: Expected FLOAT, got STRING"]
+
+
+def test_a_worker_spec_gives_tfx_fn_args_with_a_data_accessor(tmp_path):
+    from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
+
+    spec = WorkerSpec(run_fn="components.model.run_fn", train_files=["t/*"], eval_files=["e/*"], train_steps=5,
+                      serving_model_dir=str(tmp_path / "serving"), model_run_dir=str(tmp_path / "model_run"))
+    fn_args = spec.fn_args()
+    assert isinstance(fn_args, FnArgs) and isinstance(fn_args.data_accessor, DataAccessor)
+    assert (fn_args.train_files, fn_args.eval_files, fn_args.train_steps) == (["t/*"], ["e/*"], 5)
+    assert fn_args.serving_model_dir == str(tmp_path / "serving")

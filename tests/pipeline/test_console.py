@@ -26,7 +26,7 @@ NOISE = ("Traceback", "Exception ignored", "WARNING", "Warning", "I tensorflow/"
 def mlops(*args: str) -> subprocess.CompletedProcess:
     """`mlops ARGS` as a user's shell runs it: the entry point, its own stdout and stderr, none of the switches that
     quiet TensorFlow and Python in the environment (the command sets its own)."""
-    command = [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())", *args]
+    command = [sys.executable, "-c", "from pipeline.cli import console_main; console_main()", *args]
     env = {name: value for name, value in os.environ.items()
            if name not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=env)

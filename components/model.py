@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 from absl import logging
-from tfx import v1 as tfx
+from tfx.components.trainer.fn_args_utils import DataAccessor, FnArgs
 from tfx_bsl.tfxio import dataset_options
 
 from components import artifacts
@@ -184,7 +184,7 @@ def build_model(
 
 def input_fn(
     file_pattern: list[str],
-    data_accessor: tfx.components.DataAccessor,
+    data_accessor: DataAccessor,
     tft_output: tft.TFTransformOutput,
     label_key: str,
     batch_size: int,
@@ -397,7 +397,7 @@ def write_training_history(model_uri: str, history: tf.keras.callbacks.History, 
     return path
 
 
-def run_fn(fn_args: tfx.components.FnArgs) -> None:
+def run_fn(fn_args: FnArgs) -> None:
     """TFX Trainer entry point; the same function runs in every worker of a multi-worker job.
 
     Only the chief writes the SavedModel and TensorBoard logs where TFX expects them; the other workers write

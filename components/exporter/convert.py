@@ -105,14 +105,16 @@ def tflite_converter(core_saved_model: str) -> tf.lite.TFLiteConverter:
 
 
 def export_tflite(
-    converter: tf.lite.TFLiteConverter,
+    source: str | tf.lite.TFLiteConverter,
     variant: str,
     path: str,
     representative_inputs: Callable[[], Iterator[dict[str, np.ndarray]]] | None = None,
 ) -> None:
     """float32: as trained. dynamic: int8 weights, float activations. float16: float16 weights.
     int8: int8 weights and activations, ranges calibrated on `representative_inputs` (transformed training rows);
-    the inputs and the output stay float32 / int32 so the request does not change."""
+    the inputs and the output stay float32 / int32 so the request does not change. `source`: a SavedModel folder,
+    or a tflite_converter to share between variants."""
+    converter = tflite_converter(source) if isinstance(source, str) else source
     if variant == "int8" and representative_inputs is None:
         raise ValueError("int8 quantization needs representative inputs to calibrate its ranges.")
     converter.optimizations = [tf.lite.Optimize.DEFAULT] if variant in ("dynamic", "float16", "int8") else []

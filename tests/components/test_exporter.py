@@ -277,7 +277,6 @@ def test_one_tflite_converter_for_every_variant_gives_each_variant_s_own_model(s
     for variant in order:
         convert.export_tflite(shared, variant, str(tmp_path / f"shared_{variant}.tflite"), representative)
     for variant in order:
-        convert.export_tflite(convert.tflite_converter(core_dir), variant, str(tmp_path / f"own_{variant}.tflite"),
-                              representative)
+        convert.export_tflite(core_dir, variant, str(tmp_path / f"own_{variant}.tflite"), representative)
         own = (tmp_path / f"own_{variant}.tflite").read_bytes()
         assert (tmp_path / f"shared_{variant}.tflite").read_bytes() == own, variant

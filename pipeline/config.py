@@ -69,6 +69,10 @@ class TransformConfig:
     # TFX's pre- and post-transform statistics and anomalies beside the Transform output: two more TFDV passes over
     # the data (5 of the taxi job's 39 Transform seconds) that nothing in the pipeline reads; true keeps them.
     statistics: bool = False
+    # TF Transform's TF1 graph mode: builds the same transform graph without tracing preprocessing_fn as a
+    # tf.function in each phase (the taxi job's Transform: 16 s instead of 21 s). false: TF2 mode, which
+    # preprocessing_fn needs for AutoGraph control flow on tensors or TF2-only analyzers.
+    tf_compat_v1: bool = True
 
 
 @dataclass
@@ -360,7 +364,8 @@ class BeamConfig:
     """The Beam runner of the data stages (ExampleGen, StatisticsGen, Transform, Evaluator); pipeline/beam.py turns
     it into beam_pipeline_args. Each runner's keys are grouped below; README, "Beam at scale", says what to supply."""
     runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner"] = "DirectRunner"
-    # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU. auto: in_memory for
+    # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU (in_memory: always one
+    # worker, pipeline/beam.py). auto: in_memory for
     # local CSV data of at most in_memory_max_rows rows (each worker process would import TensorFlow for seconds),
     # multi_processing above or where the rows cannot be counted (README, "Benchmarks", measured the crossover).
     direct_running_mode: Literal["auto", "in_memory", "multi_threading", "multi_processing"] = "auto"

@@ -262,6 +262,7 @@ def create_pipeline(
         disable_statistics=not config.transform.statistics,
         # Nothing feeds an analyzer cache back in (no analyzer_cache input), so writing one is work for nothing.
         disable_analyzer_cache=True,
+        force_tf_compat_v1=config.transform.tf_compat_v1,
     ).with_id(TRANSFORM_NODE)
     transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]

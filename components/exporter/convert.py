@@ -56,7 +56,8 @@ class CoreModule(tf.Module):
         self.model = model
         self._task = core_task(spec)
         self._names = [s.name for s in core_input_specs(spec)]
-        self.serve = tf.function(self._serve, input_signature=core_input_specs(spec))
+        # Plain tensor code: AutoGraph's source conversion of the Keras call chain would cost seconds per export.
+        self.serve = tf.function(self._serve, input_signature=core_input_specs(spec), autograph=False)
 
     def _serve(self, *tensors: tf.Tensor) -> dict[str, tf.Tensor]:
         features = {}

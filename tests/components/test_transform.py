@@ -40,12 +40,13 @@ for row, area, day in zip(ROWS, [[3], [0], [], [5], [-2], [1]], [1, 7, 2, 7, 3, 
     row.update(area=area, day=[day])
 
 
-@pytest.fixture(scope="module")
-def transform_run(tmp_path_factory):
+# Both of TF Transform's graph modes (transform.tf_compat_v1): the pipeline's default TF1 mode and TF2 mode.
+@pytest.fixture(scope="module", params=[True, False], ids=["tf1_mode", "tf2_mode"])
+def transform_run(tmp_path_factory, request):
     """The transformed rows, and the folder of the transform output as the Transform component writes it."""
     metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(FEATURE_SPEC))
     output_dir = str(tmp_path_factory.mktemp("transform_output"))
-    with tft_beam.Context(temp_dir=str(tmp_path_factory.mktemp("tft")), force_tf_compat_v1=False):
+    with tft_beam.Context(temp_dir=str(tmp_path_factory.mktemp("tft")), force_tf_compat_v1=request.param):
         (rows, _), transform_fn = (ROWS, metadata) | tft_beam.AnalyzeAndTransformDataset(
             lambda inputs: preprocessing_fn(inputs, CUSTOM_CONFIG)
         )

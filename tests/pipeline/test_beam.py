@@ -42,6 +42,17 @@ def test_each_runner_gets_its_arguments(overrides, expected):
     assert args_for(*overrides) == [f"--runner={runner}", f"--setup_file={SETUP}", *expected]
 
 
+@pytest.mark.parametrize("overrides, workers", [
+    (["beam.direct_running_mode=in_memory"], "1"),
+    (["beam.direct_running_mode=in_memory", "beam.direct_num_workers=4"], "1"),
+    (["beam.direct_running_mode=multi_processing", "beam.direct_num_workers=4"], "4"),
+    (["beam.direct_running_mode=multi_threading"], "0"),
+])
+def test_in_memory_runs_one_worker(overrides, workers):
+    """More in_memory workers only split each bundle across threads of this process: slower, never faster."""
+    assert args_for(*overrides)[-1] == f"--direct_num_workers={workers}"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["beam.runner=FlinkRunner"], "beam.runner FlinkRunner needs beam.flink_master"),
     (["beam.runner=SparkRunner"], "beam.runner SparkRunner needs beam.spark_master_url"),

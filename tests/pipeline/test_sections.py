@@ -75,3 +75,10 @@ def test_transform_statistics_are_off_unless_asked_for(tmp_path, setting, disabl
     config = load_config(None, [f"output_root={tmp_path}", *setting])
     transform = {node.id: node for node in create_pipeline(config, data_only=True).components}["Transform"]
     assert transform.exec_properties["disable_statistics"] == disabled
+
+
+@pytest.mark.parametrize(("setting", "compat"), [([], 1), (["transform.tf_compat_v1=false"], 0)])
+def test_transform_runs_in_tf1_graph_mode_unless_asked_for_tf2(tmp_path, setting, compat):
+    config = load_config(None, [f"output_root={tmp_path}", *setting])
+    transform = {node.id: node for node in create_pipeline(config, data_only=True).components}["Transform"]
+    assert transform.exec_properties["force_tf_compat_v1"] == compat

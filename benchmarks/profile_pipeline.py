@@ -42,7 +42,7 @@ IMPORTS = {
     "python": "pass",
     "tensorflow": "import tensorflow",
     "apache_beam": "import apache_beam",
-    "tfx": "from tfx import v1",
+    "tfx": "from tfx.orchestration.local.local_dag_runner import LocalDagRunner",
     "tensorflow_transform": "import tensorflow_transform",
     "tensorflow_model_analysis": "import tensorflow_model_analysis",
     "mlops command line": "import pipeline.cli",
@@ -63,6 +63,8 @@ def process_kind(process: psutil.Process, root_pid: int) -> str:
         return "tfjs converter"
     if "components.distributed" in command:
         return "training worker"
+    if "multiprocessing.spawn" in command and process.ppid() == root_pid:
+        return "stage worker"  # pipeline/stage_workers.py
     if Path(command.split(" ")[0]).name.startswith("node"):
         return "node"
     return "python" if "python" in command else "other"
@@ -199,7 +201,7 @@ def import_costs(env: dict[str, str], repeats: int) -> dict[str, dict]:
     return costs
 
 
-KINDS = ("mlops", "beam worker", "tfjs converter", "training worker", "node", "python", "other")
+KINDS = ("mlops", "stage worker", "beam worker", "tfjs converter", "training worker", "node", "python", "other")
 
 
 def stage_table(result: dict) -> list[str]:

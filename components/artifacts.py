@@ -29,8 +29,6 @@ CALIBRATION_REPORT_JSON = "calibration.json"
 EXPORT_REPORT_JSON = "export_report.json"
 EXPORT_REPORT_HTML = "export_report.html"
 FORMAT_DIRS = {"tflite": "tflite", "onnx": "onnx", "tfjs": "tfjs"}
-# ... or, for a model that was not blessed, only this marker at the artifact's root.
-NOT_EXPORTED_FILE = "NOT_EXPORTED"
 # Examples, statistics and anomalies keep one folder per split.
 SPLIT_PREFIX = "Split-"
 # The split (data.calibration_buckets) that probabilities are calibrated and the decision threshold chosen on.

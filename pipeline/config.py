@@ -425,6 +425,9 @@ class PipelineConfig:
     # Curated schema; a relative path is looked up beside the config file.
     schema_path: str = ""
     enable_cache: bool = True
+    # Local runs: how many stages may run at once, each as soon as the stages it needs are done (the Exporter
+    # beside the Evaluator); 1 runs them one after another, as TFX's LocalDagRunner does.
+    parallel_stages: int = 2
     data: DataConfig = field(default_factory=DataConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
     transform: TransformConfig = field(default_factory=TransformConfig)
@@ -656,6 +659,8 @@ def _validate(config: PipelineConfig) -> None:
     _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
+    if config.parallel_stages < 1:
+        raise ConfigError(f"parallel_stages must be 1 or more; got {config.parallel_stages}.")
     if not config.schema_path:
         raise ConfigError("schema_path is empty: point it at a curated schema.pbtxt.")
     if not os.path.isfile(config.schema_path):

@@ -52,6 +52,7 @@ TRAIN_ARGS_PARAMETER = "train_args"
 # Node ids that other code looks up in ML Metadata or wires channels by.
 EXAMPLE_GEN_NODE = "CsvExampleGen"
 TRANSFORM_NODE = "Transform"
+GATE_NODE = "DataValidationGate"
 OPTIMIZER_NODE = "Optimizer"
 EVALUATOR_NODE = "Evaluator"
 
@@ -253,7 +254,7 @@ def create_pipeline(
     example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
-    gate = DataValidationGate(anomalies=example_validator.outputs["anomalies"]).with_id("DataValidationGate")
+    gate = DataValidationGate(anomalies=example_validator.outputs["anomalies"]).with_id(GATE_NODE)
     transform = Transform(
         examples=example_gen.outputs["examples"],
         schema=schema_gen.outputs["schema"],
@@ -264,7 +265,6 @@ def create_pipeline(
         disable_analyzer_cache=True,
         force_tf_compat_v1=config.transform.tf_compat_v1,
     ).with_id(TRANSFORM_NODE)
-    transform.add_upstream_node(gate)
     components = [example_gen, statistics_gen, schema_gen, example_validator, gate, transform]
     if data_only:
         return _pipeline(config, deployment, components)
@@ -279,6 +279,8 @@ def create_pipeline(
             eval_args=trainer_pb2.EvalArgs(num_steps=config.tuner.eval_steps),
             custom_config=trainer_config,
         )
+        # Nothing learns from data the gate refused; Transform only prepares it, beside the validation.
+        tuner.add_upstream_node(gate)
         components.append(tuner)
         hyperparameters = tuner.outputs["best_hyperparameters"]
 
@@ -296,6 +298,7 @@ def create_pipeline(
         # TFX's own executor for one local worker; N worker processes or a TFJob otherwise.
         custom_executor_spec=executor_spec.ExecutorClassSpec(DistributedTrainerExecutor),
     )
+    trainer.add_upstream_node(gate)
     # The Evaluator judges the model that ships: after distillation and pruning.
     optimizer = Optimizer(
         model=trainer.outputs["model"],
@@ -315,10 +318,10 @@ def create_pipeline(
         baseline_model=model_resolver.outputs["model"] if model_resolver else None,
         eval_config=eval_config(config),
     ).with_id(EVALUATOR_NODE)
-    # The gate between the blessing and the push: every format, verified against the SavedModel.
+    # Every format, verified against the SavedModel: with the blessing, the gate before publishing. It takes no
+    # blessing, so that it runs beside the Evaluator (pipeline/dag_runner.py; on Kubeflow, in its own pod).
     exporter = Exporter(
         model=optimizer.outputs["optimized_model"],
-        model_blessing=evaluator.outputs["blessing"],
         transform_graph=transform.outputs["transform_graph"],
         examples=example_gen.outputs["examples"],
         sections=config.sections(*EXPORTER_SECTIONS),

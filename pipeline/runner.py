@@ -13,6 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.preflight import check_config
 from pipeline.progress import StageProgress
+from pipeline.stage_workers import StageWorkers
 from pipeline.summary import RunSummary, latest_run, write_report
 
 
@@ -119,17 +120,17 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
 
     progress = None
     try:
-        with _logs_to_file(log_path):
+        # The stage workers start first: they import TensorFlow while this process does (pipeline/stage_workers.py).
+        with _logs_to_file(log_path), StageWorkers(config.parallel_stages - 1) as workers:
             # Importing TensorFlow prints C++ log lines: here they land in the log.
-            from tfx.orchestration.local.local_dag_runner import LocalDagRunner
-
-            from pipeline.pipeline import create_pipeline
+            from pipeline.dag_runner import ConcurrentDagRunner
+            from pipeline.pipeline import GATE_NODE, create_pipeline
 
             tfx_pipeline = create_pipeline(config, data_only=data_only)
             stages = [node.id for node in tfx_pipeline.components]
             progress = StageProgress(stages, out, os.path.abspath(config.metadata_path), config.name)
             with progress.track():
-                LocalDagRunner().run(tfx_pipeline)
+                ConcurrentDagRunner(workers, gates=frozenset({GATE_NODE})).run(tfx_pipeline)
     except Exception as error:
         if progress is None:
             raise PipelineError(f"the pipeline could not be built: {error}; see the full log at {log_path}") from error

@@ -1,4 +1,5 @@
-"""Exporter: the blessed model in every configured format, each verified in its runtime; the gate before the Pusher.
+"""Exporter: the model in every configured format, each verified in its runtime; with the Evaluator's blessing, the
+gate before the Publisher. It needs no blessing itself, so it runs while the Evaluator does.
 
 Its output is a Model artifact whose Format-Serving folder holds the SavedModel at its root and tflite/, onnx/,
 tfjs/ and the export report beside it (components/artifacts.py), so TFX's standard Pusher copies all of it into one
@@ -19,7 +20,6 @@ from components.specs import (
     EXAMPLES_KEY,
     EXPORTED_MODEL_KEY,
     EXPORTER_SECTIONS,
-    MODEL_BLESSING_KEY,
     MODEL_KEY,
     TRANSFORM_GRAPH_KEY,
 )
@@ -33,7 +33,6 @@ class ExporterSpec(ComponentSpec):
     }
     INPUTS = {
         MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
-        MODEL_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
         TRANSFORM_GRAPH_KEY: ChannelParameter(type=standard_artifacts.TransformGraph),
         EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
     }
@@ -47,11 +46,10 @@ class Exporter(base_component.BaseComponent):
     SPEC_CLASS = ExporterSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
-    def __init__(self, model: Channel, model_blessing: Channel, transform_graph: Channel, examples: Channel,
+    def __init__(self, model: Channel, transform_graph: Channel, examples: Channel,
                  sections: dict[str, Any], code_fingerprint: str = ""):
         super().__init__(spec=ExporterSpec(
             model=model,
-            model_blessing=model_blessing,
             transform_graph=transform_graph,
             examples=examples,
             code_fingerprint=code_fingerprint,

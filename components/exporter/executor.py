@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 from absl import logging
-from tfx.components.util import model_utils
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
@@ -20,7 +19,6 @@ from components.specs import (
     EXAMPLES_KEY,
     EXPORT_KEY,
     EXPORTED_MODEL_KEY,
-    MODEL_BLESSING_KEY,
     MODEL_KEY,
     TRANSFORM_GRAPH_KEY,
 )
@@ -32,17 +30,10 @@ class Executor(base_executor.BaseExecutor):
         import tensorflow_transform as tft
 
         model_uri = artifact_utils.get_single_uri(input_dict[MODEL_KEY])
-        blessing = artifact_utils.get_single_instance(input_dict[MODEL_BLESSING_KEY])
         transform_graph_uri = artifact_utils.get_single_uri(input_dict[TRANSFORM_GRAPH_KEY])
         examples_uri = artifact_utils.get_single_uri(input_dict[EXAMPLES_KEY])
         output_uri = artifact_utils.get_single_uri(output_dict[EXPORTED_MODEL_KEY])
         options = read_section(exec_properties, EXPORT_KEY, ExportConfig)
-
-        if not model_utils.is_model_blessed(blessing):
-            # The Pusher pushes nothing for an unblessed model, so there is nothing to convert.
-            logging.info("the model is not blessed: nothing is exported")
-            artifacts.write_text(artifacts.join(output_uri, artifacts.NOT_EXPORTED_FILE), "the model was not blessed\n")
-            return
 
         layout = FeatureLayout.from_properties(exec_properties)
         serving_model_dir = artifacts.serving_model_dir(model_uri)

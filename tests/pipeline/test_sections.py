@@ -82,3 +82,13 @@ def test_transform_runs_in_tf1_graph_mode_unless_asked_for_tf2(tmp_path, setting
     config = load_config(None, [f"output_root={tmp_path}", *setting])
     transform = {node.id: node for node in create_pipeline(config, data_only=True).components}["Transform"]
     assert transform.exec_properties["force_tf_compat_v1"] == compat
+
+
+@pytest.mark.parametrize("tuner", [False, True])
+def test_transform_runs_beside_the_validation_and_the_exporter_beside_the_evaluator(tmp_path, tuner):
+    """Nothing learns before the gate passed and nothing is published unblessed, yet neither waits for the other."""
+    config = load_config(None, [f"output_root={tmp_path}", f"tuner.enabled={str(tuner).lower()}"])
+    upstream = {node.id: {n.id for n in node.upstream_nodes} for node in create_pipeline(config).components}
+    assert "DataValidationGate" not in upstream["Transform"]
+    assert "DataValidationGate" in upstream["Tuner" if tuner else "Trainer"]
+    assert "Evaluator" not in upstream["Exporter"] and {"Evaluator", "Exporter"} <= upstream["Publisher"]

@@ -78,6 +78,8 @@ class TreeSampler:
         self.phase = START_UP
         self.cpu = defaultdict(float)           # (phase, kind) -> CPU seconds
         self.peak_rss = defaultdict(float)      # phase -> peak GiB of the tree
+        self.phase_wall: dict[str, float] = {}  # phase -> wall seconds spent in it, in order of first entry
+        self._phase_started = time.monotonic()
         self.processes: dict[int, dict] = {}    # pid -> kind, first and last seen, CPU seconds
         self._last_cpu: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -88,6 +90,9 @@ class TreeSampler:
     def set_phase(self, phase: str) -> None:
         with self._lock:
             self._sample()
+            now = time.monotonic()
+            self.phase_wall[self.phase] = self.phase_wall.get(self.phase, 0.0) + now - self._phase_started
+            self._phase_started = now
             self.phase = phase
 
     def start(self) -> None:
@@ -150,15 +155,14 @@ def run_profiled(command: list[str], env: dict[str, str], log_path: Path) -> dic
             now = time.monotonic() - started
             if what == "...":
                 stages[node] = {"start": now}
-                sampler.set_phase(node)
             else:
                 stages.setdefault(node, {"start": now})["end"] = now
                 stages[node]["reported_seconds"] = float(what.split()[-1][:-1])
-                running = [n for n, s in stages.items() if "end" not in s]
-                sampler.set_phase(running[-1] if running else BETWEEN)
-            if what != "..." and _is_last(line):
-                sampler.set_phase(AFTER)
+            # Stages that run at once (parallel_stages) share a phase: "StatisticsGen + Transform".
+            running = [n for n, s in stages.items() if "end" not in s]
+            sampler.set_phase(AFTER if what != "..." and _is_last(line) else " + ".join(running) or BETWEEN)
         _, status, usage = os.wait4(process.pid, 0)
+        sampler.set_phase(AFTER)
         sampler.stop()
     wall = time.monotonic() - started
     if os.waitstatus_to_exitcode(status) != 0:
@@ -172,6 +176,7 @@ def run_profiled(command: list[str], env: dict[str, str], log_path: Path) -> dic
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "stages": stages,
+        "phase_seconds": {phase: round(seconds, 2) for phase, seconds in sampler.phase_wall.items()},
         "cpu": {f"{phase}|{kind}": round(seconds, 2) for (phase, kind), seconds in sampler.cpu.items()},
         "peak_rss_gib": {phase: round(gib, 2) for phase, gib in sampler.peak_rss.items()},
         "processes": sorted(sampler.processes.values(), key=lambda p: p["first_seen"]),
@@ -210,28 +215,25 @@ def stage_table(result: dict) -> list[str]:
         phase, kind = key.split("|")
         cpu[phase][kind] += seconds
     kinds = [k for k in KINDS if any(k in by_kind for by_kind in cpu.values())]
-    header = f"{'phase':<24}{'wall s':>8}{'CPU s':>8}" + "".join(f"{k[:14]:>16}" for k in kinds) + f"{'peak GiB':>10}"
+    header = f"{'phase':<34}{'wall s':>8}{'CPU s':>8}" + "".join(f"{k[:14]:>16}" for k in kinds) + f"{'peak GiB':>10}"
     lines = [header, "-" * len(header)]
-    phases = [START_UP, *result["stages"], BETWEEN, AFTER]
-    stage_wall = {n: s.get("reported_seconds", s.get("end", 0) - s["start"]) for n, s in result["stages"].items()}
-    starts = [s["start"] for s in result["stages"].values()]
-    ends = [s["end"] for s in result["stages"].values() if "end" in s]
-    outside = {START_UP: min(starts, default=0.0), AFTER: result["wall_seconds"] - max(ends, default=0.0)}
-    outside[BETWEEN] = max(0.0, result["wall_seconds"] - outside[START_UP] - outside[AFTER] - sum(stage_wall.values()))
+    # Wall time per phase as the run spent it (phases sum to the whole run); BETWEEN gathers the gaps between stages.
+    phase_wall = result["phase_seconds"]
+    phases = [p for p in phase_wall if p not in (BETWEEN, AFTER)] + [BETWEEN, AFTER]
     for phase in phases:
-        wall = stage_wall.get(phase, outside.get(phase, 0.0))
+        wall = phase_wall.get(phase, 0.0)
         by_kind = cpu.get(phase, {})
         total = sum(by_kind.values())
         if wall < 0.05 and total < 0.05:
             continue
-        lines.append(f"{phase:<24}{wall:>8.1f}{total:>8.1f}" + "".join(f"{by_kind.get(k, 0.0):>16.1f}" for k in kinds)
+        lines.append(f"{phase:<34}{wall:>8.1f}{total:>8.1f}" + "".join(f"{by_kind.get(k, 0.0):>16.1f}" for k in kinds)
                      + f"{result['peak_rss_gib'].get(phase, 0.0):>10.2f}")
     totals = defaultdict(float)
     for by_kind in cpu.values():
         for kind, seconds in by_kind.items():
             totals[kind] += seconds
     lines.append("-" * len(header))
-    lines.append(f"{'whole run':<24}{result['wall_seconds']:>8.1f}{result['tree_cpu_seconds']:>8.1f}"
+    lines.append(f"{'whole run':<34}{result['wall_seconds']:>8.1f}{result['tree_cpu_seconds']:>8.1f}"
                  + "".join(f"{totals.get(k, 0.0):>16.1f}" for k in kinds)
                  + f"{max(result['peak_rss_gib'].values(), default=0.0):>10.2f}")
     lines.append("(CPU s of the whole run is the kernel's figure for the process tree; "
@@ -274,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     result["cpus"] = os.cpu_count()
     lines = [f"wall {result['wall_seconds']} s, CPU {result['tree_cpu_seconds']} s on {os.cpu_count()} CPUs; load "
              f"average {result['load_average_before'][0]} before, {result['load_average_after'][0]} after", "",
-             *stage_table(result), "", *process_table(result)]
+             *stage_table(result), "",
+             "each stage's own wall s, as the run reported it: " + ", ".join(
+                 f"{node} {stage['reported_seconds']:.1f}" for node, stage in result["stages"].items()
+                 if "reported_seconds" in stage),
+             "", *process_table(result)]
     if args.import_repeats:
         print("timing imports in fresh processes ...", flush=True)
         result["imports"] = import_costs(env, args.import_repeats)

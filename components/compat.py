@@ -9,6 +9,10 @@
 - AutoGraph: TF 2.16 tells AutoGraph to leave `keras` alone but not `tf_keras`, so every first `model.fit`
   re-transpiles Keras' own training loop (about a minute on 2 cores). The rule that skips it lives in a private
   module; when that module changes, training still works, only slower, and a warning says so.
+- Beam's DoFn introspection: building and translating a pipeline asks `userstate.get_dofn_specs` about the same DoFn
+  instance again and again (about 8,000 calls for the taxi job's Beam stages), each one `inspect.signature` over
+  all of its methods. `cache_dofn_specs` remembers the answer per instance; where Beam's function is not the one
+  this was written for, nothing changes (only slower).
 """
 from __future__ import annotations
 
@@ -44,3 +48,37 @@ def skip_autograph_for_tf_keras() -> bool:
         logging.getLogger(__name__).warning(
             "could not tell AutoGraph to skip tf_keras (%s); training works, but the first fit is slower", error)
         return False
+
+
+def cache_dofn_specs() -> bool:
+    """Makes Beam's `get_dofn_specs` remember its answer per DoFn instance; returns whether the cache is in place.
+    A DoFn's methods are fixed once it is built, and the answer is the same sets each time."""
+    import weakref
+
+    from apache_beam.transforms import userstate
+
+    original = userstate.get_dofn_specs
+    if getattr(original, "cached_per_instance", False):
+        return True
+    if original.__module__ != "apache_beam.transforms.userstate" or original.__code__.co_argcount != 1:
+        logging.getLogger(__name__).warning("Beam's get_dofn_specs is not the one expected; it is left uncached")
+        return False
+    answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_dofn_specs(dofn):  # noqa: ANN001, ANN202  (Beam's own signature)
+        try:
+            return answers[dofn]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable or non-weak-referenceable DoFn: asked every time, as before
+            return original(dofn)
+        answer = original(dofn)
+        try:
+            answers[dofn] = answer
+        except TypeError:
+            pass
+        return answer
+
+    get_dofn_specs.cached_per_instance = True
+    userstate.get_dofn_specs = get_dofn_specs
+    return True

@@ -123,8 +123,11 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         # The stage workers start first: they import TensorFlow while this process does (pipeline/stage_workers.py).
         with _logs_to_file(log_path), StageWorkers(config.parallel_stages - 1) as workers:
             # Importing TensorFlow prints C++ log lines: here they land in the log.
+            from components.compat import cache_dofn_specs
             from pipeline.dag_runner import ConcurrentDagRunner
             from pipeline.pipeline import GATE_NODE, create_pipeline
+
+            cache_dofn_specs()
 
             tfx_pipeline = create_pipeline(config, data_only=data_only)
             stages = [node.id for node in tfx_pipeline.components]

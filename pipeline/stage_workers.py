@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -53,16 +54,23 @@ def _serve(tasks: Connection) -> None:
     import tensorflow_transform  # noqa: F401
 
     route_logs_to_stderr()
+    from components.compat import cache_dofn_specs
     from pipeline.dag_runner import launch_serialized
+
+    cache_dofn_specs()
 
     tasks.send(("ready", os.getpid()))
     while True:
         try:
             task = tasks.recv()
         except EOFError:
-            return
+            task = None
         if task is None:
-            return
+            # Without the interpreter's teardown, which frees TensorFlow's objects one by one for seconds.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         pipeline_bytes, node_id = task
         try:
             launch_serialized(pipeline_bytes, node_id)

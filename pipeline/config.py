@@ -355,8 +355,9 @@ class RolloutConfig:
 
 
 # The CSV rows up to which beam.direct_running_mode=auto runs Beam in this process: on 2 cores the data stages took
-# as long in_memory as multi_processing at about 209,000 rows (benchmarks.data_stages --modes; README, "Benchmarks").
-IN_MEMORY_MAX_ROWS = 200_000
+# as long in_memory (one worker) as multi_processing at about 470,000 rows (benchmarks.data_stages --modes; README,
+# "Benchmarks").
+IN_MEMORY_MAX_ROWS = 450_000
 
 
 @dataclass

@@ -89,20 +89,25 @@ def _connection_config(pipeline: pipeline_pb2.Pipeline) -> Any:
     return getattr(config, config.WhichOneof("connection_config"))
 
 
-def _lock_path(connection_config: Any) -> str:
-    filename = getattr(connection_config, "filename_uri", "")
-    return f"{filename}.lock" if filename else os.path.join(os.getcwd(), ".mlmd.lock")
+def _lock_path(connection_config: Any) -> str | None:
+    """The lock file beside an SQLite database; None for any other store (in memory, a server), which stage workers
+    cannot share or which takes concurrent writers itself."""
+    if not hasattr(connection_config, "WhichOneof") or connection_config.WhichOneof("config") != "sqlite":
+        return None
+    return f"{connection_config.sqlite.filename_uri}.lock"
 
 
 def launch_node(pipeline: pipeline_pb2.Pipeline, node_id: str) -> None:
     """Runs one node of `pipeline` (its runtime parameters substituted) through TFX's Launcher."""
     deployment_config = runner_utils.extract_local_deployment_config(pipeline)
     connection_config = _connection_config(pipeline)
+    lock_path = _lock_path(connection_config)
     [node] = [n.pipeline_node for n in pipeline.nodes if n.pipeline_node.node_info.id == node_id]
     _LOGGER.info("Component %s is running (process %d).", node_id, os.getpid())
     launcher.Launcher(
         pipeline_node=node,
-        mlmd_connection=_SerializedMetadata(connection_config, _lock_for(_lock_path(connection_config))),
+        mlmd_connection=(_SerializedMetadata(connection_config, _lock_for(lock_path)) if lock_path
+                         else metadata.Metadata(connection_config)),
         pipeline_info=pipeline.pipeline_info,
         pipeline_runtime_spec=pipeline.runtime_spec,
         executor_spec=runner_utils.extract_executor_spec(deployment_config, node_id),
@@ -132,8 +137,9 @@ class ConcurrentDagRunner(LocalDagRunner):
 
     def run_with_ir(self, pipeline: pipeline_pb2.Pipeline,
                     run_options: pipeline_pb2.RunOptions | None = None) -> None:
-        if run_options is not None or not self._workers:
-            # Partial runs (from_nodes / to_nodes snapshots) and one stage at a time: TFX's own runner.
+        if run_options is not None or not self._workers or _lock_path(_connection_config(pipeline)) is None:
+            # Partial runs (from_nodes / to_nodes snapshots), one stage at a time, and ML Metadata outside an SQLite
+            # file: TFX's own runner.
             super().run_with_ir(pipeline, run_options)
             return
         workers = self._workers

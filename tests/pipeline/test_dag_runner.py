@@ -8,7 +8,7 @@ from ml_metadata.proto import metadata_store_pb2
 from tfx.orchestration.metadata import sqlite_metadata_connection_config
 from tfx.orchestration.pipeline import Pipeline
 
-from pipeline.dag_runner import ConcurrentDagRunner
+from pipeline.dag_runner import ConcurrentDagRunner, _lock_path
 from pipeline.stage_workers import StageWorkers
 from tests.pipeline.dag_components import GateError, Source, Step
 
@@ -61,11 +61,23 @@ def test_independent_stages_run_at_once_in_two_processes(tmp_path, workers):
     assert ran["After"]["start"] >= left["end"]
     states = [e.last_known_state for e in executions(tmp_path)]
     assert len(states) == 4 and set(states) == {metadata_store_pb2.Execution.COMPLETE}
+    # The two processes took turns on ML Metadata through a lock file beside the database, nowhere else.
+    assert (tmp_path / "mlmd.sqlite.lock").exists() and not (tmp_path / ".mlmd.lock").exists()
 
 
 def test_one_stage_at_a_time_without_workers_runs_everything_here(tmp_path):
     ConcurrentDagRunner(None).run(build(tmp_path, [("Left", 0.0, "", "Source"), ("Right", 0.0, "", "Source")]))
     assert {r["pid"] for r in records(tmp_path).values()} == {os.getpid()}
+
+
+def test_only_an_sqlite_file_is_shared_with_workers():
+    """A store in memory lives in one process only: TFX's own runner keeps every stage here for it."""
+    sqlite = metadata_store_pb2.ConnectionConfig()
+    sqlite.sqlite.filename_uri = "/runs/metadata.sqlite"
+    in_memory = metadata_store_pb2.ConnectionConfig()
+    in_memory.fake_database.SetInParent()
+    assert _lock_path(sqlite) == "/runs/metadata.sqlite.lock"
+    assert _lock_path(in_memory) is None
 
 
 def test_a_failed_gate_ends_the_run_at_once(tmp_path):

@@ -86,7 +86,8 @@ def _lock_for(path: str) -> _MetadataLock:
 def _connection_config(pipeline: pipeline_pb2.Pipeline) -> Any:
     deployment_config = runner_utils.extract_local_deployment_config(pipeline)
     config = deployment_config.metadata_connection_config
-    return getattr(config, config.WhichOneof("connection_config"))
+    kind = config.WhichOneof("connection_config")
+    return getattr(config, kind) if kind else None  # None: the orchestrator brings its own (Kubernetes)
 
 
 def _lock_path(connection_config: Any) -> str | None:

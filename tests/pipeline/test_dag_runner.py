@@ -78,6 +78,7 @@ def test_only_an_sqlite_file_is_shared_with_workers():
     in_memory.fake_database.SetInParent()
     assert _lock_path(sqlite) == "/runs/metadata.sqlite.lock"
     assert _lock_path(in_memory) is None
+    assert _lock_path(None) is None
 
 
 def test_a_failed_gate_ends_the_run_at_once(tmp_path):

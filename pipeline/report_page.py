@@ -402,7 +402,7 @@ def optimization_html(report: dict[str, Any]) -> str:
 def _export(summary: dict[str, Any]) -> str:
     report = summary.get("export") or {}
     if not report:
-        return "<p class='note'>Nothing was exported: the model was not blessed, or the Exporter did not run.</p>"
+        return "<p class='note'>Nothing was exported: the Exporter did not run (a stage before it failed).</p>"
     from components.exporter.report import chart_png, table_html
 
     verdict = ("<span class='good'>every format agrees with the SavedModel</span>" if report.get("passed")

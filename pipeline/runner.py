@@ -13,7 +13,7 @@ from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.preflight import check_config
 from pipeline.progress import StageProgress
-from pipeline.stage_workers import StageWorkers
+from pipeline.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorkers
 from pipeline.summary import RunSummary, latest_run, write_report
 
 
@@ -57,9 +57,9 @@ def _logs_to_file(log_path: str) -> Iterator[None]:
     """Everything TFX, Beam and TF log or print on stderr goes to the run's log file; the console shows only the
     stages (the caller prints errors after this returns)."""
     file_handler = logging.FileHandler(log_path)
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
-    quiet = [logging.getLogger(name) for name in ("absl", "tensorflow")]
+    quiet = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
     saved = (root.level, list(root.handlers), [(lg, lg.propagate, list(lg.handlers)) for lg in quiet])
     for handler in list(root.handlers):
         root.removeHandler(handler)

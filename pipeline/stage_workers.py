@@ -19,6 +19,8 @@ from typing import Any
 
 _LOGGER = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Libraries whose loggers keep handlers of their own: a run passes their records up to the root logger instead.
+LIBRARY_LOGGERS = ("absl", "tensorflow")
 
 
 class StageFailed(RuntimeError):
@@ -35,7 +37,7 @@ def route_logs_to_stderr() -> None:
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    for name in ("absl", "tensorflow"):
+    for name in LIBRARY_LOGGERS:
         library = logging.getLogger(name)
         library.propagate = True
         for handler in list(library.handlers):
@@ -159,19 +161,18 @@ class StageWorkers:
     def busy(self) -> list[StageWorker]:
         return [w for w in self.workers if w.node is not None]
 
-    def poll(self, timeout: float | None = 0.0) -> list[tuple[str, BaseException | None]]:
-        """The (node, failure) of each stage that finished within `timeout` seconds (None: until one does)."""
+    def poll(self, timeout: float = 0.0) -> list[tuple[str, BaseException | None]]:
+        """The (node, failure) of each stage that finished within `timeout` seconds; a worker's ready message is
+        taken in passing."""
         alive = {w.connection: w for w in self.workers if w.process.is_alive() or w.connection.poll()}
-        finished = []
-        if not alive and timeout:
+        if not alive:
             time.sleep(timeout)  # no worker left to hear from: the caller waits on its own stage
-        while alive:
-            for connection in wait(list(alive), timeout):
-                node, failure = alive[connection].receive()
-                if node is not None:
-                    finished.append((node, failure))
-            if finished or timeout is not None or not any(w.node for w in self.workers):
-                break
+            return []
+        finished = []
+        for connection in wait(list(alive), timeout):
+            node, failure = alive[connection].receive()
+            if node is not None:
+                finished.append((node, failure))
         return finished
 
     def stop(self, kill: bool = False) -> None:

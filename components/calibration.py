@@ -212,8 +212,11 @@ def calibration_record(
         return record
     threshold = choose_threshold(apply(calibration, fit_logits), fit_labels, options.threshold_objective,
                                  options.min_precision)
+    # Calibration carries a base rate from one split to another: a gap between the two shows here first.
+    positive_rate = {"fitted": float(np.mean(np.asarray(fit_labels) == 1)),
+                     "measured": float(np.mean(np.asarray(measure_labels) == 1))}
     record.update(objective=options.threshold_objective, threshold=threshold, scale=calibration.scale,
-                  shift=calibration.shift,
+                  shift=calibration.shift, positive_rate=positive_rate,
                   before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
                   after=binary_figures(apply(calibration, measure_logits), measure_labels, threshold))
     if options.threshold_objective == "min_precision":

@@ -28,6 +28,8 @@ CALIBRATION_KEY = "calibration"
 EXPORT_KEY = "export"
 # ExampleGen's custom_config: the cell values read as missing (data.missing_values).
 MISSING_VALUES_KEY = "missing_values"
+# ... and, with data.stratify, the label section ExampleGen stratifies the split by.
+STRATIFY_LABEL_KEY = "stratify_label"
 EVALUATION_KEY = "evaluation"
 # A hash of components/ (pipeline.pipeline.code_fingerprint): TFX's cache keys on properties, not on source code.
 CODE_FINGERPRINT_KEY = "code_fingerprint"

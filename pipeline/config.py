@@ -41,6 +41,10 @@ class DataConfig:
     # classifier's probabilities are calibrated and its decision threshold chosen on it (the calibration section).
     # 0: no such split, and no calibration.
     calibration_buckets: int = 0
+    # Split each class of a binary or multiclass label by those shares, so that every split holds the data's label
+    # rates and the splits differ by sampling only within a class (a regression label: a hash split of whole rows).
+    # false: a hash split of whole rows.
+    stratify: bool = True
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +215,13 @@ def data_root(config: PipelineConfig) -> str:
     return str(resolve_data_dir(config.data.path, config.output_root))
 
 
+def stratify_label(config: PipelineConfig) -> dict[str, Any] | None:
+    """The label ExampleGen splits each class of by the split shares (data.stratify); None for a hash split."""
+    if not config.data.stratify or config.label.kind == "regression":
+        return None
+    return asdict(config.label)
+
+
 def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
     """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells (also what
     `mlops init` reads the data with, so that its schema describes the same encoding)."""
@@ -232,7 +239,8 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
                 ]
             )
         ),
-        custom_config=example_gen_custom_config(config.data.missing_values, code_fingerprint(EXAMPLE_GEN_CODE)),
+        custom_config=example_gen_custom_config(config.data.missing_values, code_fingerprint(EXAMPLE_GEN_CODE),
+                                                stratify_label(config)),
         custom_executor_spec=executor_spec.BeamExecutorSpec(CsvMarkersExecutor),
     ).with_id(EXAMPLE_GEN_NODE)
 

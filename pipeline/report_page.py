@@ -57,7 +57,8 @@ def _count(value: Any) -> str:
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
     """A table of already escaped cells."""
-    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+    head_row = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" if any(head) else ""
+    return ("<table>" + head_row
             + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
 
 
@@ -264,7 +265,8 @@ def _binary_plots(summary: dict[str, Any]) -> str:
                                           "mean predicted probability", "share of positives", diagonal=True,
                                           bounds=(0, 1, 0, 1), points=True),
                              "Mean prediction against the observed share of positives per probability bucket; "
-                             "on the dashed line, a probability means what it says."))
+                             "on the dashed line, a probability means what it says. Rows per bucket, left to right: "
+                             + ", ".join(f"{b['count']:,.0f}" for b in buckets if b["count"]) + "."))
     threshold = decision_threshold(summary)
     matrix = confusion_at(thresholds, threshold) if thresholds else None
     if matrix:
@@ -370,9 +372,16 @@ def _calibration(summary: dict[str, Any]) -> str:
              ["rows", _num(report.get("rows", ""))], ["threshold objective", _e(report.get("objective", ""))],
              ["decision threshold", "none: the most probable class" if report.get("threshold") is None
               else _num(report["threshold"])]]
+    rates = report.get("positive_rate")
+    if rates:
+        facts.append(["positive rate", f"{rates['fitted']:.1%} of the rows fitted on, {rates['measured']:.1%} of "
+                                       f"the {_num(report.get('measured_rows', ''))} rows measured on"])
     names = [n for n in ("calibration", "auc", "precision", "recall") if n in before or n in after]
     figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
-    return (_table(["", ""], facts) + _table(["figure", "before", "after"], figures)
+    threshold = report.get("threshold")
+    heads = (["before: as trained", "after: calibrated"] if threshold is None else
+             [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
+    return (_table(["", ""], facts) + _table(["figure", *heads], figures)
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
               "they say.</p>")
 

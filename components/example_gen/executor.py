@@ -3,51 +3,159 @@ before tfx_bsl infers the column types and encodes the tf.Examples, so a numeric
 and its gaps are empty lists like any empty cell. Everything else is TFX's own CSV ingestion: its line reader
 (quoted multi-line cells), tfx_bsl's parser and type inference, and its tf.Example encoding.
 
-The markers arrive in ExampleGen's `custom_config` (a google.protobuf.Struct), so the local and the Kubeflow runs
-read them alike, and a changed marker list is a changed property that re-runs ExampleGen.
+With `data.stratify` (a binary or multiclass label), the rows are split per label class: within each class they are
+ordered by the hash of the whole row and cut at the split shares, so every split holds the data's label rates
+(a plain hash split of the taxi sample gave eval 24.1% positives against 22.2% in the calibration split, and the
+calibration fitted on one missed the other by that much). The same row still lands in the same split on every run.
+
+The markers and the label arrive in ExampleGen's `custom_config` (a google.protobuf.Struct), so the local and the
+Kubeflow runs read them alike, and a changed marker list or label is a changed property that re-runs ExampleGen.
 """
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
+import math
 import os
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import tensorflow as tf
 from google.protobuf import json_format, struct_pb2
-from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
+from tfx.components.example_gen import utils as example_gen_utils
+from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor, _GeneratePartitionKey
 
 # TFX's private pieces of its CSV ingestion, reused so that the encoding is exactly CsvExampleGen's (TFX 1.16).
 from tfx.components.example_gen.csv_example_gen.executor import _ParsedCsvToTfExample, _ReadCsvRecordsFromTextFile
 from tfx.dsl.io import fileio
 from tfx.proto import example_gen_pb2
 from tfx.types import standard_component_specs
-from tfx.utils import io_utils
+from tfx.utils import io_utils, proto_utils
 from tfx_bsl.coders import csv_decoder
 
-from components.specs import MISSING_VALUES_KEY
+from components.specs import MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
+
+# The label fields ExampleGen needs to put a row in its class (pipeline.config.LabelConfig's names).
+STRATIFY_LABEL_FIELDS = ("kind", "column", "threshold", "relative_to", "positive_value")
+# Hashes above every row's: the cut of a split that gets no rows of a class.
+_PAST_LAST_HASH = 1 << 64
 
 
-def custom_config(missing_values: list[str], fingerprint: str) -> example_gen_pb2.CustomConfig:
-    """ExampleGen's custom_config holding the markers (and the fingerprint of this module, for TFX's cache)."""
+def custom_config(missing_values: list[str], fingerprint: str,
+                  stratify_label: dict[str, Any] | None = None) -> example_gen_pb2.CustomConfig:
+    """ExampleGen's custom_config holding the markers, the label to stratify by (None: a plain hash split) and the
+    fingerprint of this module, for TFX's cache."""
     values = struct_pb2.Struct()
     values.update({MISSING_VALUES_KEY: list(missing_values), "code_fingerprint": fingerprint})
+    if stratify_label is not None:
+        values.update({STRATIFY_LABEL_KEY: {key: stratify_label[key] for key in STRATIFY_LABEL_FIELDS}})
     config = example_gen_pb2.CustomConfig()
     config.custom_config.Pack(values)
     return config
 
 
-def read_missing_values(exec_properties: dict[str, Any]) -> list[str]:
-    """The markers from ExampleGen's exec properties; none when the component got no custom_config."""
+def _custom_values(exec_properties: dict[str, Any]) -> dict[str, Any]:
     raw = exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY)
     if not raw:
-        return []
+        return {}
     config = raw if isinstance(raw, example_gen_pb2.CustomConfig) else json_format.Parse(
         raw, example_gen_pb2.CustomConfig())
     values = struct_pb2.Struct()
     if not config.custom_config.Unpack(values):
         raise ValueError(f"ExampleGen's custom_config holds a {config.custom_config.type_url}, not a Struct of "
                          f"{MISSING_VALUES_KEY}; build the pipeline with pipeline.pipeline.create_pipeline.")
-    return [str(v) for v in values[MISSING_VALUES_KEY]] if MISSING_VALUES_KEY in values else []
+    return json_format.MessageToDict(values)
+
+
+def read_missing_values(exec_properties: dict[str, Any]) -> list[str]:
+    """The markers from ExampleGen's exec properties; none when the component got no custom_config."""
+    return [str(v) for v in _custom_values(exec_properties).get(MISSING_VALUES_KEY, [])]
+
+
+def read_stratify_label(exec_properties: dict[str, Any]) -> dict[str, Any] | None:
+    """The label ExampleGen stratifies its split by; None for a plain hash split."""
+    return _custom_values(exec_properties).get(STRATIFY_LABEL_KEY)
+
+
+def _first_value(example: tf.train.Example, name: str) -> Any:
+    """The first value of a feature, or None when the row has none."""
+    if not name or name not in example.features.feature:
+        return None
+    feature = example.features.feature[name]
+    kind = feature.WhichOneof("kind")
+    values = getattr(feature, kind).value if kind else []
+    return values[0] if len(values) else None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def label_class(example: tf.train.Example, label: dict[str, Any]) -> str:
+    """The class of a row's label, computed from its raw columns by the Transform's rule (components.transform
+    compute_label: float32, and a row missing a cell the rule reads is negative): "0"/"1" for binary, the label's
+    value for multiclass."""
+    value = _first_value(example, label["column"])
+    if label["kind"] == "multiclass":
+        return "" if value is None else _text(value)
+    if label.get("positive_value"):
+        return "1" if value is not None and _text(value) == label["positive_value"] else "0"
+    if value is None or isinstance(value, bytes):
+        return "0"
+    threshold = np.float32(label["threshold"])
+    if label.get("relative_to"):
+        base = _first_value(example, label["relative_to"])
+        if base is None or isinstance(base, bytes):
+            return "0"
+        threshold = threshold * np.float32(base)
+    return "1" if np.float32(value) > threshold else "0"
+
+
+def row_hash(example: tf.train.Example, split_config: example_gen_pb2.SplitConfig) -> int:
+    """A 64-bit hash of what TFX's hash split hashes (the whole row, or split_config.partition_feature_name)."""
+    return int.from_bytes(hashlib.sha256(_GeneratePartitionKey(example, split_config)).digest()[:8], "big")
+
+
+def split_cuts(hashes: list[int], buckets: list[int]) -> list[int]:
+    """The hashes at which one class's rows pass to the next split: the rows ordered by hash, split i takes the
+    share buckets[i] / buckets[-1] of them (buckets are cumulative, as TFX's); a split too small for the class gets
+    none. Rows with equal hashes (duplicates) stay together."""
+    ordered = sorted(hashes)
+    total = buckets[-1]
+    cuts = []
+    for bucket in buckets[:-1]:
+        rank = math.ceil(len(ordered) * bucket / total)
+        cuts.append(ordered[rank] if rank < len(ordered) else _PAST_LAST_HASH)
+    return cuts
+
+
+def _split_index(keyed: tuple[str, int, Any], num_splits: int, cuts: dict[str, list[int]]) -> int:
+    label, hashed, _ = keyed
+    return bisect.bisect_right(cuts[label], hashed)
+
+
+class StratifiedSplit(beam.PTransform):
+    """Rows into len(buckets) splits, each label class cut by hash at the split shares. Each class's hashes (8
+    bytes a row) meet on one worker to find its cuts; the rows themselves are not grouped."""
+
+    def __init__(self, buckets: list[int], split_config: example_gen_pb2.SplitConfig, label: dict[str, Any]):
+        super().__init__()
+        self._buckets, self._split_config, self._label = buckets, split_config, label
+
+    def expand(self, records: beam.pvalue.PCollection) -> tuple[beam.pvalue.PCollection, ...]:
+        label, split_config, buckets = self._label, self._split_config, self._buckets
+        keyed = records | "KeyByLabelClass" >> beam.Map(
+            lambda record: (label_class(record, label), row_hash(record, split_config), record))
+        cuts = (keyed
+                | "LabelClassHash" >> beam.Map(lambda keyed_record: (keyed_record[0], keyed_record[1]))
+                | "GroupByLabelClass" >> beam.GroupByKey()
+                | "CutEachClass" >> beam.MapTuple(lambda label_value, hashes: (label_value,
+                                                                              split_cuts(list(hashes), buckets))))
+        parts = keyed | "SplitEachClass" >> beam.Partition(_split_index, len(buckets), beam.pvalue.AsDict(cuts))
+        return tuple(part | f"DropKeys[{index}]" >> beam.Map(lambda keyed_record: keyed_record[2])
+                     for index, part in enumerate(parts))
 
 
 def blank_markers(cells: list[bytes], markers: frozenset[bytes]) -> list[bytes]:
@@ -86,8 +194,28 @@ class _CsvToExample(beam.PTransform):
 
 
 class Executor(BaseExampleGenExecutor):
-    """CsvExampleGen's executor, reading `data.missing_values` as empty cells."""
+    """CsvExampleGen's executor, reading `data.missing_values` as empty cells and splitting by label class with
+    `data.stratify`."""
 
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:  # noqa: N802  (TFX's method name)
         return _CsvToExample
+
+    def GenerateExamplesByBeam(self, pipeline: beam.Pipeline,  # noqa: N802  (TFX's method name)
+                               exec_properties: dict[str, Any]) -> dict[str, beam.pvalue.PCollection]:
+        label = read_stratify_label(exec_properties)
+        output_config = proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY],
+                                                  example_gen_pb2.Output())
+        if label is None or not output_config.split_config.splits:
+            return super().GenerateExamplesByBeam(pipeline, exec_properties)
+        # TFX's own steps up to its hash partition (base_example_gen_executor, TFX 1.16), then the stratified one.
+        input_config = proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY],
+                                                 example_gen_pb2.Input())
+        exec_properties["_beam_pipeline_args"] = self._beam_pipeline_args or []
+        buckets = list(itertools.accumulate(split.hash_buckets for split in output_config.split_config.splits))
+        splits = (pipeline
+                  | "InputToRecord" >> self.GetInputSourceToExamplePTransform()(exec_properties,
+                                                                              input_config.splits[0].pattern)
+                  | "SplitDataByLabelClass" >> StratifiedSplit(buckets, output_config.split_config, label))
+        names = example_gen_utils.generate_output_split_names(input_config, output_config)
+        return dict(zip(names, splits, strict=True))
 

@@ -162,6 +162,8 @@ def test_calibrate_fits_on_one_set_of_rows_and_measures_on_another():
     options = dataclasses.replace(CalibrationConfig(), threshold_objective="f1")
     calibrated, record = calibrate(model, rows(seed=2), rows(seed=3), "platt", options, "fit rows", "measure rows")
     assert record["fitted_on"] == "fit rows" and record["rows"] == 4000 and record["measured_rows"] == 4000
+    fit_labels = np.concatenate([y.numpy() for _, y in rows(seed=2)])
+    assert record["positive_rate"]["fitted"] == pytest.approx(float(np.mean(fit_labels)))
     assert record["before"]["calibration"] > 1.15
     assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
     assert record["after"]["auc"] == pytest.approx(record["before"]["auc"], abs=1e-6)

@@ -2,9 +2,21 @@
 import apache_beam as beam
 import tensorflow as tf
 from google.protobuf import json_format
+from tfx.proto import example_gen_pb2
 from tfx.types import standard_component_specs
 
-from components.example_gen.executor import _CsvToExample, blank_markers, custom_config, read_missing_values
+from components.example_gen.executor import (
+    Executor,
+    _CsvToExample,
+    blank_markers,
+    custom_config,
+    label_class,
+    read_missing_values,
+    read_stratify_label,
+    split_cuts,
+)
+from components.transform import compute_label
+from pipeline.config import LabelConfig
 
 CSV = ("distance,count,city,label\n"
        "1.5,3,Paris,yes\n"
@@ -64,3 +76,114 @@ def test_without_markers_the_same_columns_are_strings(tmp_path):
     assert {kind for kind, _ in _column(examples, "distance")} == {"bytes_list"}
     assert {kind for kind, _ in _column(examples, "count")} == {"bytes_list"}
     assert sorted(v for _, values in _column(examples, "distance") for v in values) == [b"1.5", b"2.25", b"NA"]
+
+
+# --- data.stratify: each label class split by the split shares ---
+
+TAXI_LABEL = {"kind": "binary", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""}
+
+
+def _example(**values) -> tf.train.Example:
+    """A tf.Example as ExampleGen writes it: None is a missing cell (the feature present, with no value)."""
+    example = tf.train.Example()
+    for name, value in values.items():
+        feature = example.features.feature[name]
+        if isinstance(value, str):
+            feature.bytes_list.value.append(value.encode())
+        elif isinstance(value, int):
+            feature.int64_list.value.append(value)
+        elif isinstance(value, float):
+            feature.float_list.value.append(value)
+        else:
+            feature.float_list.SetInParent()
+    return example
+
+
+def _sparse(values: list[float | None]) -> tf.SparseTensor:
+    """One column as Transform gets it: a [batch, 1] SparseTensor with no entry for a missing cell."""
+    kept = [(row, value) for row, value in enumerate(values) if value is not None]
+    return tf.SparseTensor([[row, 0] for row, _ in kept] or tf.zeros([0, 2], tf.int64),
+                           tf.constant([float(value) for _, value in kept], tf.float32), [len(values), 1])
+
+
+def test_label_class_follows_the_transforms_label_rule_on_edge_rows():
+    # (tips, fare): above and at the boundary, zero fares, missing cells, integer cells, a float32 rounding edge.
+    rows = [(2.01, 10.0), (2.0, 10.0), (0.0, 0.0), (0.1, 0.0), (None, 5.0), (3.0, None), (7, 10), (0.30000001, 1.5)]
+    classes = [label_class(_example(tips=tips, fare=fare), TAXI_LABEL) for tips, fare in rows]
+    inputs = {"tips": _sparse([tips for tips, _ in rows]), "fare": _sparse([fare for _, fare in rows])}
+    expected = compute_label(inputs, LabelConfig(**TAXI_LABEL)).numpy().tolist()
+    assert classes == [str(value) for value in expected]
+    assert classes == ["1", "0", "0", "1", "0", "0", "1", "0"], "0.30000001 > 0.2 * 1.5 in float64, not in float32"
+    assert label_class(_example(fare=3.0), TAXI_LABEL) == "0", "a row without the label column is negative"
+
+
+def test_the_stratify_label_travels_in_the_custom_config_as_the_executor_reads_it():
+    as_json = json_format.MessageToJson(custom_config(["NA"], "abc", {**TAXI_LABEL, "name": "big_tipper"}))
+    assert read_stratify_label({standard_component_specs.CUSTOM_CONFIG_KEY: as_json}) == TAXI_LABEL
+    assert read_missing_values({standard_component_specs.CUSTOM_CONFIG_KEY: as_json}) == ["NA"]
+    assert read_stratify_label({standard_component_specs.CUSTOM_CONFIG_KEY: custom_config([], "abc")}) is None
+
+
+def test_label_class_for_a_string_positive_value_and_for_multiclass():
+    positive = {**TAXI_LABEL, "column": "payment", "relative_to": "", "positive_value": "Card"}
+    assert [label_class(_example(payment=v), positive) for v in ("Card", "Cash", "card")] == ["1", "0", "0"]
+    assert label_class(_example(other=1.0), positive) == "0"
+    multiclass = {**TAXI_LABEL, "kind": "multiclass", "column": "species", "relative_to": ""}
+    assert [label_class(_example(species=v), multiclass) for v in ("setosa", 2)] == ["setosa", "2"]
+    assert label_class(_example(other=1.0), multiclass) == ""
+
+
+def test_split_cuts_give_each_split_its_share_of_a_class():
+    hashes = list(range(100, 1300, 100))  # 12 rows
+    assert split_cuts(hashes[::-1], [4, 5, 6]) == [900, 1100]  # ranks 8 and 10: 8 train, 2 eval, 2 calibration
+    assert split_cuts([7, 3], [4, 5, 6]) == [1 << 64, 1 << 64], "two rows: both go to the largest share"
+    assert split_cuts([5, 5, 5, 9], [1, 2]) == [5], "duplicates stay together"
+
+
+def _run_split(folder, csv: str, label: dict | None) -> dict[str, list[tf.train.Example]]:
+    """The train, eval and calibration splits (4, 1 and 1 buckets) the ExampleGen executor's Beam graph makes."""
+    (folder / "in").mkdir(parents=True)
+    (folder / "in" / "data.csv").write_text(csv)
+    buckets = {"train": 4, "eval": 1, "calibration": 1}
+    output = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
+        example_gen_pb2.SplitConfig.Split(name=name, hash_buckets=count) for name, count in buckets.items()]))
+    properties = {
+        standard_component_specs.INPUT_BASE_KEY: str(folder / "in"),
+        standard_component_specs.INPUT_CONFIG_KEY: json_format.MessageToJson(example_gen_pb2.Input(
+            splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*.csv")])),
+        standard_component_specs.OUTPUT_CONFIG_KEY: json_format.MessageToJson(output),
+        standard_component_specs.CUSTOM_CONFIG_KEY: json_format.MessageToJson(custom_config([], "x", label)),
+    }
+    with beam.Pipeline() as pipeline:
+        for name, split in Executor().GenerateExamplesByBeam(pipeline, properties).items():
+            _ = (split | f"Serialize[{name}]" >> beam.Map(lambda e: e.SerializeToString())
+                 | f"Write[{name}]" >> beam.io.WriteToTFRecord(str(folder / name), shard_name_template=""))
+    return {name: [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(folder / name))]
+            for name in buckets}
+
+
+def _labelled_csv(rows: int, positive_every: int) -> str:
+    lines = ["trip,fare,tips"]
+    lines += [f"{i},10.0,{3.0 if i % positive_every == 0 else 1.0}" for i in range(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def test_stratified_splits_hold_the_datas_label_rate_and_every_row_once(tmp_path):
+    splits = _run_split(tmp_path / "a", _labelled_csv(600, 4), TAXI_LABEL)
+    trips = {name: sorted(e.features.feature["trip"].int64_list.value[0] for e in examples)
+             for name, examples in splits.items()}
+    assert sorted(t for ts in trips.values() for t in ts) == list(range(600))
+    for name, share in (("train", 4 / 6), ("eval", 1 / 6), ("calibration", 1 / 6)):
+        positives = sum(label_class(e, TAXI_LABEL) == "1" for e in splits[name])
+        assert positives == round(150 * share), name  # 150 positive rows of 600, cut at exactly the shares
+        assert len(splits[name]) == round(600 * share), name
+    again = _run_split(tmp_path / "b", _labelled_csv(600, 4), TAXI_LABEL)
+    assert {name: sorted(e.features.feature["trip"].int64_list.value[0] for e in examples)
+            for name, examples in again.items()} == trips, "a row lands in the same split on every run"
+
+
+def test_without_a_stratify_label_the_split_is_tfxs_hash_split(tmp_path):
+    splits = _run_split(tmp_path, _labelled_csv(600, 4), None)
+    assert sum(len(examples) for examples in splits.values()) == 600
+    positives = [sum(label_class(e, TAXI_LABEL) == "1" for e in splits[name]) for name in ("eval", "calibration")]
+    assert positives != [25, 25], "TFX's hash split does not cut each class at the shares"

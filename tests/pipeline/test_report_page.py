@@ -25,7 +25,8 @@ NOT_FOR = {"multiclass": {"roc", "precision_recall", "calibration_plot"},
 HOSTILE = "<script>alert(1)</script>"
 CALIBRATION = {"method": "platt", "fitted_on": "the eval split's first half", "rows": 812, "objective": "f1",
                "threshold": 0.3, "before": {"calibration": 1.24, "auc": 0.91, "precision": 0.70, "recall": 0.997},
-               "after": {"calibration": 1.01, "auc": 0.91, "precision": 0.81, "recall": 0.93}}
+               "after": {"calibration": 1.01, "auc": 0.91, "precision": 0.81, "recall": 0.93}, "measured_rows": 790,
+               "positive_rate": {"fitted": 0.222, "measured": 0.241}}
 
 
 def report_problems(rendered, kind: str) -> list[str]:
@@ -142,10 +143,13 @@ def test_slices_show_their_example_counts_and_few_rows_stand_out(pages):
 def test_calibration_section_and_confusion_matrix_use_the_chosen_threshold(pages):
     _, rendered = pages["binary"]
     section = re.search(r"<section id=\"calibration\">.*?</section>", rendered.dom, re.S).group(0)
-    for text in ("platt", "the eval split's first half", "812", "f1", "0.3000", "1.2400", "1.0100", "0.9970"):
+    for text in ("platt", "the eval split's first half", "812", "f1", "0.3000", "1.2400", "1.0100", "0.9970",
+                 "before: as trained, at 0.5", "after: calibrated, at 0.3",
+                 "22.2% of the rows fitted on, 24.1% of the 790 rows measured on"):
         assert text in section, text
     evaluation = re.search(r"<section id=\"evaluation\">.*?</section>", rendered.dom, re.S).group(0)
     assert "at threshold 0.300" in evaluation
+    assert "Rows per bucket, left to right: " + ", ".join(["40"] * 10) + "." in evaluation
     matrix = confusion_at(thresholds(), 0.3)
     assert f">{matrix['tp']:.0f}<" in evaluation and f">{matrix['fp']:.0f}<" in evaluation
 

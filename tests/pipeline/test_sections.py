@@ -1,9 +1,11 @@
 """The typed config crosses the component boundary: what each component of the DAG receives rebuilds into the same
 dataclasses the YAML was loaded into."""
 import json
+from pathlib import Path
 
 import pytest
 
+from components.example_gen.executor import read_stratify_label
 from components.features import FeatureLayout
 from components.specs import (
     CODE_FINGERPRINT_KEY,
@@ -22,6 +24,8 @@ from pipeline.config import (
     read_section,
 )
 from pipeline.pipeline import create_pipeline
+
+CONFIGS = Path(__file__).resolve().parents[2] / "pipeline" / "configs"
 
 
 def custom_config(node):
@@ -92,3 +96,15 @@ def test_transform_runs_beside_the_validation_and_the_exporter_beside_the_evalua
     assert "DataValidationGate" not in upstream["Transform"]
     assert "DataValidationGate" in upstream["Tuner" if tuner else "Trainer"]
     assert "Evaluator" not in upstream["Exporter"] and {"Evaluator", "Exporter"} <= upstream["Publisher"]
+
+
+@pytest.mark.parametrize(("config_file", "setting", "kind"), [
+    ("taxi.yaml", [], "binary"), ("taxi.yaml", ["data.stratify=false"], None), ("iris.yaml", [], "multiclass"),
+    ("diabetes.yaml", [], None)])
+def test_example_gen_splits_each_label_class_unless_turned_off_or_regression(tmp_path, config_file, setting, kind):
+    config = load_config(CONFIGS / config_file, [f"output_root={tmp_path}", *setting])
+    example_gen = {node.id: node for node in create_pipeline(config, data_only=True).components}["CsvExampleGen"]
+    label = read_stratify_label(example_gen.exec_properties)
+    assert (label and label["kind"]) == kind
+    if kind:
+        assert label["column"] == config.label.column and label["threshold"] == config.label.threshold

@@ -103,8 +103,8 @@ def main() -> None:
     theirs_load = (theirs_load + os.getloadavg()[0]) / 2
 
     # Ours never trains on its eval or calibration split (the calibration split fits only the two Platt
-    # parameters, which leave AUC unchanged); with 4/1/1 buckets against TFX's 2/1, TFX's eval rows are ours'
-    # calibration split.
+    # parameters, which leave AUC unchanged); ours cuts each label class by hash order, TFX hashes whole rows into
+    # 2/1 buckets, so about a third of ours' held-out rows are TFX's eval rows too.
     ours_examples = newest(str(ours_root / "pipelines/taxi/CsvExampleGen/examples/*"))
     ours_held_out = [r for split in sorted(glob.glob(ours_examples + "/Split-*")) if not split.endswith("-train")
                      for r in read_examples(split)]

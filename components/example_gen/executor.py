@@ -137,8 +137,8 @@ def _split_index(keyed: tuple[str, int, Any], num_splits: int, cuts: dict[str, l
 
 
 class StratifiedSplit(beam.PTransform):
-    """Rows into len(buckets) splits, each label class cut by hash at the split shares. Each class's hashes (8
-    bytes a row) meet on one worker to find its cuts; the rows themselves are not grouped."""
+    """tf.Examples into len(buckets) splits of serialized rows, each label class cut by hash at the split shares.
+    Each class's hashes (8 bytes a row) meet on one worker to find its cuts; the rows themselves are not grouped."""
 
     def __init__(self, buckets: list[int], split_config: example_gen_pb2.SplitConfig, label: dict[str, Any]):
         super().__init__()
@@ -146,8 +146,9 @@ class StratifiedSplit(beam.PTransform):
 
     def expand(self, records: beam.pvalue.PCollection) -> tuple[beam.pvalue.PCollection, ...]:
         label, split_config, buckets = self._label, self._split_config, self._buckets
+        # Serialized as TFX's writer would (same bytes as its hash split): bytes cross the stage boundary cheaply.
         keyed = records | "KeyByLabelClass" >> beam.Map(
-            lambda record: (label_class(record, label), row_hash(record, split_config), record))
+            lambda record: (label_class(record, label), row_hash(record, split_config), record.SerializeToString()))
         cuts = (keyed
                 | "LabelClassHash" >> beam.Map(lambda keyed_record: (keyed_record[0], keyed_record[1]))
                 | "GroupByLabelClass" >> beam.GroupByKey()

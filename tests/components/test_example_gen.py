@@ -2,6 +2,7 @@
 import apache_beam as beam
 import tensorflow as tf
 from google.protobuf import json_format
+from tfx.components.example_gen.write_split import MaybeSerialize
 from tfx.proto import example_gen_pb2
 from tfx.types import standard_component_specs
 
@@ -140,8 +141,9 @@ def test_split_cuts_give_each_split_its_share_of_a_class():
     assert split_cuts([5, 5, 5, 9], [1, 2]) == [5], "duplicates stay together"
 
 
-def _run_split(folder, csv: str, label: dict | None) -> dict[str, list[tf.train.Example]]:
-    """The train, eval and calibration splits (4, 1 and 1 buckets) the ExampleGen executor's Beam graph makes."""
+def _run_split(folder, csv: str, label: dict | None) -> dict[str, list[bytes]]:
+    """The train, eval and calibration splits (4, 1 and 1 buckets) the ExampleGen executor's Beam graph makes, as
+    the bytes TFX's writer writes (write_split.MaybeSerialize)."""
     (folder / "in").mkdir(parents=True)
     (folder / "in" / "data.csv").write_text(csv)
     buckets = {"train": 4, "eval": 1, "calibration": 1}
@@ -156,20 +158,27 @@ def _run_split(folder, csv: str, label: dict | None) -> dict[str, list[tf.train.
     }
     with beam.Pipeline() as pipeline:
         for name, split in Executor().GenerateExamplesByBeam(pipeline, properties).items():
-            _ = (split | f"Serialize[{name}]" >> beam.Map(lambda e: e.SerializeToString())
+            _ = (split | f"Serialize[{name}]" >> beam.ParDo(MaybeSerialize())
                  | f"Write[{name}]" >> beam.io.WriteToTFRecord(str(folder / name), shard_name_template=""))
-    return {name: [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(folder / name))]
-            for name in buckets}
+    return {name: [r.numpy() for r in tf.data.TFRecordDataset(str(folder / name))] for name in buckets}
+
+
+def _parsed(splits: dict[str, list[bytes]]) -> dict[str, list[tf.train.Example]]:
+    return {name: [tf.train.Example.FromString(r) for r in records] for name, records in splits.items()}
 
 
 def _labelled_csv(rows: int, positive_every: int) -> str:
-    lines = ["trip,fare,tips"]
-    lines += [f"{i},10.0,{3.0 if i % positive_every == 0 else 1.0}" for i in range(rows)]
+    # As many columns as the taxi data: a protobuf map's serialized order can change when a row is re-encoded.
+    extra = [f"c{i}" for i in range(15)]
+    lines = [",".join(["trip", "fare", "tips", *extra])]
+    lines += [",".join([str(i), "10.0", "3.0" if i % positive_every == 0 else "1.0", *(str(i % 7) for _ in extra)])
+              for i in range(rows)]
     return "\n".join(lines) + "\n"
 
 
 def test_stratified_splits_hold_the_datas_label_rate_and_every_row_once(tmp_path):
-    splits = _run_split(tmp_path / "a", _labelled_csv(600, 4), TAXI_LABEL)
+    written = _run_split(tmp_path / "a", _labelled_csv(600, 4), TAXI_LABEL)
+    splits = _parsed(written)
     trips = {name: sorted(e.features.feature["trip"].int64_list.value[0] for e in examples)
              for name, examples in splits.items()}
     assert sorted(t for ts in trips.values() for t in ts) == list(range(600))
@@ -179,11 +188,14 @@ def test_stratified_splits_hold_the_datas_label_rate_and_every_row_once(tmp_path
         assert len(splits[name]) == round(600 * share), name
     again = _run_split(tmp_path / "b", _labelled_csv(600, 4), TAXI_LABEL)
     assert {name: sorted(e.features.feature["trip"].int64_list.value[0] for e in examples)
-            for name, examples in again.items()} == trips, "a row lands in the same split on every run"
+            for name, examples in _parsed(again).items()} == trips, "a row lands in the same split on every run"
+    plain = _run_split(tmp_path / "c", _labelled_csv(600, 4), None)
+    assert sorted(r for records in written.values() for r in records) == \
+        sorted(r for records in plain.values() for r in records), "the same bytes as TFX's hash split writes"
 
 
 def test_without_a_stratify_label_the_split_is_tfxs_hash_split(tmp_path):
-    splits = _run_split(tmp_path, _labelled_csv(600, 4), None)
+    splits = _parsed(_run_split(tmp_path, _labelled_csv(600, 4), None))
     assert sum(len(examples) for examples in splits.values()) == 600
     positives = [sum(label_class(e, TAXI_LABEL) == "1" for e in splits[name]) for name in ("eval", "calibration")]
     assert positives != [25, 25], "TFX's hash split does not cut each class at the shares"

@@ -219,6 +219,11 @@ def calibration_record(
                   shift=calibration.shift, positive_rate=positive_rate,
                   before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
                   after=binary_figures(apply(calibration, measure_logits), measure_labels, threshold))
+    # TFMA's thresholds are fixed when the pipeline is built, so the report's matrix at this one is counted here.
+    true_pos, false_pos, false_neg = _counts(apply(calibration, measure_logits).reshape(-1),
+                                             np.asarray(measure_labels).reshape(-1), threshold)
+    record["confusion_at_threshold"] = {"tp": true_pos, "fp": false_pos, "fn": false_neg,
+                                        "tn": int(len(measure_labels)) - true_pos - false_pos - false_neg}
     if options.threshold_objective == "min_precision":
         record["min_precision"] = options.min_precision
     return record

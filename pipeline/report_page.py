@@ -268,13 +268,19 @@ def _binary_plots(summary: dict[str, Any]) -> str:
                              "on the dashed line, a probability means what it says. Rows per bucket, left to right: "
                              + ", ".join(f"{b['count']:,.0f}" for b in buckets if b["count"]) + "."))
     threshold = decision_threshold(summary)
-    matrix = confusion_at(thresholds, threshold) if thresholds else None
+    calibration = summary.get("calibration") or {}
+    matrix = calibration.get("confusion_at_threshold") or (confusion_at(thresholds, threshold) if thresholds else None)
     if matrix:
         chart = charts.matrix("confusion_matrix", ["negative", "positive"],
                               [[matrix["tn"], matrix["fp"]], [matrix["fn"], matrix["tp"]]], "confusion matrix")
-        source = "chosen by the calibration step" if summary.get("calibration") else "the default"
-        parts.append(_figure(chart, f"Confusion matrix at threshold {matrix['threshold']:.3f} ({source}; the "
-                                    f"decision threshold is {threshold:.3f})."))
+        if "threshold" not in matrix:
+            caption = (f"Confusion matrix on the eval rows at the decision threshold {threshold:.4g}, chosen and "
+                       "counted by the calibration step (the Evaluator's thresholds are fixed before the run).")
+        else:
+            source = "chosen by the calibration step" if calibration else "the default"
+            caption = (f"Confusion matrix at threshold {matrix['threshold']:.3f} ({source}; the decision threshold "
+                       f"is {threshold:.3f}).")
+        parts.append(_figure(chart, caption))
     if not parts:
         return "<p class='note'>The Evaluator recorded no plots (a run from before the report had them).</p>"
     return "<h3>Curves</h3><div class='charts'>" + "".join(parts) + "</div>"

@@ -172,6 +172,10 @@ def test_calibrate_fits_on_one_set_of_rows_and_measures_on_another():
     served = calibrated(features).numpy().reshape(-1)
     labels = np.concatenate([y.numpy() for _, y in rows(seed=3)])
     assert binary_figures(served, labels, record["threshold"]) == pytest.approx(record["after"], abs=1e-6)
+    predicted = served > record["threshold"]
+    assert record["confusion_at_threshold"] == {
+        "tp": int(np.sum(predicted & (labels == 1))), "fp": int(np.sum(predicted & (labels == 0))),
+        "fn": int(np.sum(~predicted & (labels == 1))), "tn": int(np.sum(~predicted & (labels == 0)))}
 
 
 def test_temperature_calibration_of_a_softmax_model_folds_too():

@@ -154,6 +154,15 @@ def test_calibration_section_and_confusion_matrix_use_the_chosen_threshold(pages
     assert f">{matrix['tp']:.0f}<" in evaluation and f">{matrix['fp']:.0f}<" in evaluation
 
 
+def test_the_calibration_steps_own_count_at_its_threshold_is_the_confusion_matrix():
+    counts = {"tp": 91, "fp": 17, "fn": 9, "tn": 283}
+    page = run_page({**summary("binary"), "calibration": {**CALIBRATION, "confusion_at_threshold": counts}})
+    evaluation = re.search(r"<section id=[\"']evaluation[\"']>.*?</section>", page, re.S).group(0)
+    matrix = re.search(r"data-chart=[\"']confusion_matrix[\"'].*?</svg>", evaluation, re.S).group(0)
+    assert all(f">{n}<" in matrix for n in counts.values())
+    assert "at the decision threshold 0.3, chosen and counted by the calibration step" in evaluation
+
+
 def test_without_calibration_the_threshold_is_one_half():
     page = run_page({**summary("binary"), "calibration": {}})
     assert "No calibration step ran" in page and "at threshold 0.500" in page

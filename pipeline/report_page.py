@@ -269,11 +269,12 @@ def _binary_plots(summary: dict[str, Any]) -> str:
                              + ", ".join(f"{b['count']:,.0f}" for b in buckets if b["count"]) + "."))
     threshold = decision_threshold(summary)
     calibration = summary.get("calibration") or {}
-    matrix = calibration.get("confusion_at_threshold") or (confusion_at(thresholds, threshold) if thresholds else None)
+    counted = calibration.get("confusion_at_threshold")
+    matrix = counted or (confusion_at(thresholds, threshold) if thresholds else None)
     if matrix:
         chart = charts.matrix("confusion_matrix", ["negative", "positive"],
                               [[matrix["tn"], matrix["fp"]], [matrix["fn"], matrix["tp"]]], "confusion matrix")
-        if "threshold" not in matrix:
+        if counted:
             caption = (f"Confusion matrix on the eval rows at the decision threshold {threshold:.4g}, chosen and "
                        "counted by the calibration step (the Evaluator's thresholds are fixed before the run).")
         else:

@@ -131,7 +131,8 @@ def split_cuts(hashes: list[int], buckets: list[int]) -> list[int]:
     return cuts
 
 
-def _split_index(keyed: tuple[str, int, Any], num_splits: int, cuts: dict[str, list[int]]) -> int:
+def _split_index(keyed: tuple[str, int, bytes], num_splits: int, cuts: dict[str, list[int]]) -> int:
+    """beam.Partition's function (it passes num_splits): the split of a (label class, hash, row)."""
     label, hashed, _ = keyed
     return bisect.bisect_right(cuts[label], hashed)
 

@@ -215,13 +215,14 @@ def calibration_record(
     # Calibration carries a base rate from one split to another: a gap between the two shows here first.
     positive_rate = {"fitted": float(np.mean(np.asarray(fit_labels) == 1)),
                      "measured": float(np.mean(np.asarray(measure_labels) == 1))}
+    calibrated = apply(calibration, measure_logits)
     record.update(objective=options.threshold_objective, threshold=threshold, scale=calibration.scale,
                   shift=calibration.shift, positive_rate=positive_rate,
                   before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
-                  after=binary_figures(apply(calibration, measure_logits), measure_labels, threshold))
+                  after=binary_figures(calibrated, measure_labels, threshold))
     # TFMA's thresholds are fixed when the pipeline is built, so the report's matrix at this one is counted here.
-    true_pos, false_pos, false_neg = _counts(apply(calibration, measure_logits).reshape(-1),
-                                             np.asarray(measure_labels).reshape(-1), threshold)
+    true_pos, false_pos, false_neg = _counts(calibrated.reshape(-1), np.asarray(measure_labels).reshape(-1),
+                                             threshold)
     record["confusion_at_threshold"] = {"tp": true_pos, "fp": false_pos, "fn": false_neg,
                                         "tn": int(len(measure_labels)) - true_pos - false_pos - false_neg}
     if options.threshold_objective == "min_precision":

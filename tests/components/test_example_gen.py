@@ -2,6 +2,7 @@
 import apache_beam as beam
 import tensorflow as tf
 from google.protobuf import json_format
+from tfx.components.example_gen.base_example_gen_executor import _PartitionFn
 from tfx.components.example_gen.write_split import MaybeSerialize
 from tfx.proto import example_gen_pb2
 from tfx.types import standard_component_specs
@@ -197,5 +198,6 @@ def test_stratified_splits_hold_the_datas_label_rate_and_every_row_once(tmp_path
 def test_without_a_stratify_label_the_split_is_tfxs_hash_split(tmp_path):
     splits = _parsed(_run_split(tmp_path, _labelled_csv(600, 4), None))
     assert sum(len(examples) for examples in splits.values()) == 600
-    positives = [sum(label_class(e, TAXI_LABEL) == "1" for e in splits[name]) for name in ("eval", "calibration")]
-    assert positives != [25, 25], "TFX's hash split does not cut each class at the shares"
+    split_config = example_gen_pb2.SplitConfig()
+    for index, name in enumerate(("train", "eval", "calibration")):
+        assert all(_PartitionFn(e, 3, [4, 5, 6], split_config) == index for e in splits[name]), name

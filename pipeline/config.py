@@ -330,6 +330,22 @@ class RolloutKubeDLConfig:
 
 
 @dataclass
+class RolloutPrometheusConfig:
+    """The Prometheus whose HTTP API the verifier queries for the servers' own TF Serving metrics, per track
+    (serving/rollout/prometheus.py); the scrape configuration that feeds it ships with k8s/serving and the local
+    stack."""
+    # Empty: none (the local backend without the local stack then measures the verifier's own requests).
+    url: str = ""
+    # The series label that names a server's track (stable or canary), as the scrape configuration sets it.
+    track_label: str = "track"
+    # Further PromQL label matchers that select this deployment's servers, e.g. namespace="mlops-serving".
+    selector: str = ""
+    # How often Prometheus scrapes the servers: a window waits at most a few of these for samples fresher than its end.
+    scrape_interval_seconds: float = 5.0
+    request_timeout_seconds: float = 10.0
+
+
+@dataclass
 class RolloutConfig:
     """`mlops rollout`: how a candidate version is verified and moved through traffic steps (serving/rollout)."""
     # local: `mlops serve` processes on this machine; kubernetes: k8s/serving; kubedl: k8s/kubedl.
@@ -347,12 +363,30 @@ class RolloutConfig:
     window_requests_per_second: float = 20.0
     max_error_rate: float = 0.01
     max_p99_ms: float = 250.0
+    # Beside the absolute limits, the canary against stable over the same window: its error rate may exceed stable's
+    # by at most this much, and its p99 may be at most this many times stable's (when stable served requests).
+    max_error_rate_increase: float = 0.005
+    max_p99_ratio: float = 2.0
+    # A window whose figures cannot be trusted (no data, a partial scrape, a counter reset, a canary share of the
+    # traffic further than this many binomial standard deviations from the step's weight) is inconclusive, never a
+    # pass; after this many in a row the rollout rolls back, or pauses with its state saying why.
+    max_inconclusive_windows: int = 3
+    on_inconclusive: Literal["rollback", "pause"] = "rollback"
+    share_tolerance_sigmas: float = 4.0
+    # Only this many finished rollouts stay in the state document (a ConfigMap holds at most 1 MiB); every outcome
+    # is also written to the reports.
+    history_limit: int = 20
+    # A second controller for the same model waits this long for the first's lease (0: refuses at once).
+    lease_wait_seconds: float = 0.0
+    # How long a controller's Kubernetes Lease stays valid without a renewal.
+    lease_duration_seconds: float = 30.0
     # How long a loading version may take to become AVAILABLE before the rollout is rolled back.
     load_timeout_seconds: float = 300.0
     # After a promotion the previous version stays loaded this long, so a rollback needs no load.
     keep_previous_seconds: float = 300.0
     request_timeout_seconds: float = 5.0
     poll_seconds: float = 0.5
+    prometheus: RolloutPrometheusConfig = field(default_factory=RolloutPrometheusConfig)
     local: RolloutLocalConfig = field(default_factory=RolloutLocalConfig)
     kubernetes: RolloutKubernetesConfig = field(default_factory=RolloutKubernetesConfig)
     kubedl: RolloutKubeDLConfig = field(default_factory=RolloutKubeDLConfig)
@@ -801,13 +835,20 @@ def _validate_rollout(rollout: RolloutConfig) -> None:
                           f"got {steps}.")
     if rollout.golden_rows < 1:
         raise ConfigError("rollout.golden_rows must be at least 1.")
-    for key in ("max_abs_diff", "max_error_rate", "keep_previous_seconds", "window_seconds"):
+    for key in ("max_abs_diff", "max_error_rate", "keep_previous_seconds", "window_seconds",
+                "max_error_rate_increase", "lease_wait_seconds"):
         if getattr(rollout, key) < 0:
             raise ConfigError(f"rollout.{key} must be 0 or more.")
     for key in ("max_p99_ms", "load_timeout_seconds", "request_timeout_seconds", "poll_seconds",
-                "window_requests_per_second"):
+                "window_requests_per_second", "max_p99_ratio", "share_tolerance_sigmas", "lease_duration_seconds"):
         if getattr(rollout, key) <= 0:
             raise ConfigError(f"rollout.{key} must be positive.")
+    for key in ("max_inconclusive_windows", "history_limit"):
+        if getattr(rollout, key) < 1:
+            raise ConfigError(f"rollout.{key} must be at least 1.")
+    for key in ("scrape_interval_seconds", "request_timeout_seconds"):
+        if getattr(rollout.prometheus, key) <= 0:
+            raise ConfigError(f"rollout.prometheus.{key} must be positive.")
     local = rollout.local
     if not local.stable_rest or len(local.stable_rest) != len(local.stable_grpc) or not local.canary_rest or len(
             local.canary_rest) != len(local.canary_grpc):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.model_repository import ModelRepository, RepositoryError
-from serving.rollout.metrics import ModelCounters
+from serving.rollout.metrics import MetricsSource
 from serving.rollout.state import LocalStateStore, StateStore
 
 TRACKS = ("stable", "canary")
@@ -41,9 +41,13 @@ class Backend(ABC):
     # False where a track serves one version and TF Serving labels do not apply (KubeDL predictors).
     supports_labels = True
 
-    def __init__(self, store: StateStore, endpoints: dict[str, list[Endpoint]]) -> None:
+    def __init__(self, store: StateStore, endpoints: dict[str, list[Endpoint]],
+                 metrics: MetricsSource | None = None) -> None:
         self.store = store
         self._endpoints = endpoints
+        # None only where no monitoring runs (a local backend without the local stack): the verifier then measures
+        # its own requests and says so in the window's `source`.
+        self.metrics = metrics
 
     def endpoints(self, track: str) -> list[Endpoint]:
         """Where golden and window requests for a track go."""
@@ -76,11 +80,6 @@ class Backend(ABC):
     @abstractmethod
     def canary_weight(self) -> int:
         """The canary track's current share of the traffic, in percent."""
-
-    def scrape(self, model: str) -> list[ModelCounters] | None:
-        """The canary servers' request counters (TF Serving's Prometheus metrics); None where the backend has none and
-        the verifier measures its own requests."""
-        return None
 
     @abstractmethod
     def check_version(self, model: str, version: int) -> None:

@@ -252,9 +252,6 @@ class KubernetesBackend(_PodsMixin, Backend):
                     return int(ref.get("weight", 1))
         return 0
 
-    def scrape(self, model: str) -> list[ModelCounters] | None:
-        return self._scrape(self._selector("canary"), model)
-
     def check_version(self, model: str, version: int) -> None:
         # The repository is a volume of the pods, not of this process: a missing or broken version shows as a failed
         # load on the canary servers, and the rollout is rolled back.
@@ -404,9 +401,6 @@ class KubeDLBackend(_PodsMixin, Backend):
 
     def canary_weight(self) -> int:
         return int(self._predictor(self._inference(), "canary").get("trafficWeight", 0))
-
-    def scrape(self, model: str) -> list[ModelCounters] | None:
-        return self._scrape(self._selector("canary", self._serving("canary")), model)
 
     def check_version(self, model: str, version: int) -> None:
         """The candidate's ModelVersion must exist and its image must not have failed to build (KubeDL holds a

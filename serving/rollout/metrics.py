@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REQUEST_COUNT = ":tensorflow:serving:request_count"
 REQUEST_LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
@@ -102,3 +103,26 @@ def window_figures(before: Iterable[ModelCounters], after: Iterable[ModelCounter
         bound = next(b for b, count in cumulative if count >= needed)
         p99_ms = math.inf if math.isinf(bound) else bound / 1000.0
     return {"requests": total, "errors": errors, "error_rate": errors / total if total else 0.0, "p99_ms": p99_ms}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every server's cumulative counters of one model at one moment, by track and server (a Prometheus `instance`,
+    or a pod); `missing` names, per track, the servers that should have been counted and were not (a failed scrape:
+    `up == 0`, or no sample fresh enough)."""
+
+    counters: dict[str, dict[str, ModelCounters]]
+    missing: dict[str, list[str]] = field(default_factory=dict)
+
+
+class MetricsSource(ABC):
+    """Where a verification window's figures come from: the servers' own TF Serving metrics, as a monitoring system
+    scraped them (serving/rollout/prometheus.py). The same PromQL serves the local stack and Kubernetes."""
+
+    name = "metrics"
+
+    @abstractmethod
+    def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
+        """The counters of `model` on every server of both tracks, as last scraped; with `fresh_after` (a
+        time.time()), only samples scraped after that moment count, waiting up to the source's timeout for them (a
+        server without one is `missing`)."""

@@ -132,7 +132,8 @@ class Verifier:
         the figures come from the canary servers' metrics where the backend has them, else from these requests."""
         from serving.client import GrpcClient, RestClient, ServingError
 
-        before = self.backend.scrape(self.model)
+        metrics = self.backend.metrics
+        before = metrics.snapshot(self.model) if metrics is not None else None
         endpoints = self.backend.endpoints("canary")
         clients = [c for e in endpoints for c in (RestClient(e.rest, retries=0), GrpcClient(e.grpc, retries=0))]
         latencies: list[float] = []
@@ -156,9 +157,9 @@ class Verifier:
         finally:
             for client in clients:
                 client.close()
-        after = self.backend.scrape(self.model)
+        after = metrics.snapshot(self.model, fresh_after=time.time()) if metrics is not None else None
         if before is not None and after is not None:
-            figures = {"source": "prometheus", **window_figures(before, after)}
+            figures = {"source": metrics.name, **window_figures(before.counters.get("canary", {}).values(), after.counters.get("canary", {}).values())}
         else:
             latencies.sort()
             p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)] if latencies else math.inf

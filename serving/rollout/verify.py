@@ -159,7 +159,8 @@ class Verifier:
                 client.close()
         after = metrics.snapshot(self.model, fresh_after=time.time()) if metrics is not None else None
         if before is not None and after is not None:
-            figures = {"source": metrics.name, **window_figures(before.counters.get("canary", {}).values(), after.counters.get("canary", {}).values())}
+            figures = {"source": metrics.name, **window_figures(before.counters.get("canary", {}).values(),
+                                                                after.counters.get("canary", {}).values())}
         else:
             latencies.sort()
             p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)] if latencies else math.inf

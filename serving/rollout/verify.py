@@ -141,7 +141,8 @@ def share_check(canary: float, stable: float, weight: int, sigmas: float) -> dic
 class Verifier:
     def __init__(self, backend: Backend, model: str, rows: list[dict[str, Any]], limits: Limits,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
-                 clients: Callable[[Endpoint, int | None], tuple[Any, Any]] | None = None) -> None:
+                 clients: Callable[[Endpoint, int | None], tuple[Any, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self.model = model
         self.rows = rows
@@ -151,6 +152,7 @@ class Verifier:
         # (REST client, gRPC client) for an endpoint and a number of retries (None: the clients' default); tests
         # script them.
         self.clients = clients or _serving_clients
+        self.clock = clock
 
     def _address(self, version: int) -> dict[str, Any]:
         # A KubeDL predictor serves one version under its own numbering: ask it for its model, unversioned.
@@ -201,21 +203,21 @@ class Verifier:
         clients = [c for pair in pairs for c in pair]
         latencies: list[float] = []
         interval = 1.0 / self.limits.requests_per_second
-        deadline = time.monotonic() + self.limits.window_seconds
+        deadline = self.clock() + self.limits.window_seconds
         sent = 0
         try:
-            while sent == 0 or time.monotonic() < deadline:
+            while sent == 0 or self.clock() < deadline:
                 client = clients[sent % len(clients)]
                 row = self.rows[sent % len(self.rows)]
-                started = time.monotonic()
+                started = self.clock()
                 try:
                     client.predict_outputs(row, self.model, timeout=self.limits.timeout_s,
                                            drop_unknown_features=True, **self._address(candidate))
-                    latencies.append((time.monotonic() - started) * 1000.0)
+                    latencies.append((self.clock() - started) * 1000.0)
                 except (ServingError, OSError):
                     pass
                 sent += 1
-                self.sleep(max(0.0, interval - (time.monotonic() - started)))
+                self.sleep(max(0.0, interval - (self.clock() - started)))
         finally:
             for client in clients:
                 client.close()
@@ -259,12 +261,12 @@ class Verifier:
         if reason is None and canary["predictions"] < answered:
             reason = (f"the canary servers counted {canary['predictions']:.0f} predictions while the verifier had "
                       f"{answered} answered: the metrics do not cover every canary server")
-        if reason is None:
-            figures["share"] = share_check(canary["predictions"] - answered, stable["predictions"], weight,
-                                           self.limits.share_tolerance_sigmas)
-            reason = figures["share"].get("inconclusive")
         if reason is not None:
             figures["inconclusive"] = reason
+        else:
+            # Every request counts toward the share, errors included: a canary that fails requests still got them.
+            figures["share"] = share_check(canary["requests"] - sent, stable["requests"], weight,
+                                           self.limits.share_tolerance_sigmas)
         return figures
 
     def _judge(self, figures: dict[str, Any]) -> dict[str, Any]:
@@ -287,6 +289,9 @@ class Verifier:
         elif stable.get("predictions", 0) > 0 and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]:
             figures["error"] = (f"p99 latency {figures['p99_ms']:.1f} ms against stable's {stable['p99_ms']:.1f} ms "
                                 f"in the same window > rollout.max_p99_ratio {limits.max_p99_ratio}x")
+        elif (figures.get("share") or {}).get("inconclusive"):
+            # Judged after the limits: a canary failing its limits fails, whatever share of the traffic it got.
+            figures["inconclusive"] = figures["share"]["inconclusive"]
         figures["verdict"] = INCONCLUSIVE if "inconclusive" in figures else FAILED if "error" in figures else PASSED
         return figures
 

@@ -63,7 +63,8 @@ class BaseCluster:
         self.fake.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE,
                                                                         "labels": labels},
                        "spec": {"containers": [{"name": "tfserving", "image": "tensorflow/serving:2.16.1"}]},
-                       # What the kubelet reports once the readiness probe passes (pkg/kubelet/status/status_manager.go).
+                       # What the kubelet reports once the readiness probe passes
+                       # (kubernetes v1.30, pkg/kubelet/status/status_manager.go).
                        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
         self.fake.proxies[name] = proxy
 

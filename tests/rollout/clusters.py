@@ -104,7 +104,7 @@ class ServingCluster(BaseCluster):
                            "data": {"models.config": text_format.MessageToString(config)}})
             self.servers[track] = ModelServer(config_path=repo.config_path, rest_port=0, grpc_port=0,
                                               poll_seconds=0.05)
-        for route in yaml.safe_load_all((REPO_ROOT / "k8s/serving/base/routes.yaml").read_text()):
+        for route in yaml.safe_load_all((REPO_ROOT / "k8s/serving/bootstrap/routes.yaml").read_text()):
             route["metadata"]["namespace"] = NAMESPACE
             self.fake.add(route)
         for pod, track in {"stable-a": "stable", "stable-b": "stable", "canary-a": "canary"}.items():

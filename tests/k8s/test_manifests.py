@@ -58,7 +58,7 @@ def test_every_kustomization_is_found():
     assert {"k8s/training", "k8s/training/overlays/kind", "k8s/training/job", "k8s/serving/base",
             "k8s/serving/overlays/dev", "k8s/serving/overlays/prod", "k8s/serving/overlays/object-storage",
             "k8s/serving/bootstrap", "k8s/serving/gateway-envoy", "k8s/serving/monitoring", "k8s/serving/rollout-job",
-            "k8s/serving/overlays/dev/loader", "k8s/kubedl"} <= set(KUSTOMIZATIONS)
+            "k8s/serving/overlays/dev/loader", "k8s/kubedl", "k8s/kubedl/routes"} <= set(KUSTOMIZATIONS)
 
 
 def test_every_kustomization_validates_strictly(rendered):
@@ -209,10 +209,23 @@ def test_the_kubedl_path_links_tfjob_modelversion_and_inference():
     # KubeDL finds a predictor's ModelVersion in the Inference's namespace; the TFJob records it in its own.
     assert inference["metadata"]["namespace"] == model_version["metadata"]["namespace"] == tfjob["metadata"][
         "namespace"]
-    for predictor in inference["spec"]["predictors"]:
-        # KubeDL's Service of a predictor targets the container ports with these names (else 8080 and 9000).
-        ports = {p["name"]: p["containerPort"] for p in predictor["template"]["spec"]["containers"][0]["ports"]}
-        assert ports == {"predictor-http-port": 8501, "predictor-grpc-port": 8500}
-        assert predictor["modelPath"] == "/mnt/models/taxi/1", "version 1 of taxi for the image's entrypoint"
-    assert {p["name"]: (p["modelVersion"], p["trafficWeight"]) for p in inference["spec"]["predictors"]} == {
-        "stable": (model_version["metadata"]["name"], 100), "canary": (model_version["metadata"]["name"], 0)}
+    # One Inference per version, one predictor: KubeDL's Service of it is <inference>-<predictor>.
+    assert inference["metadata"]["name"] == "taxi-v1"
+    [predictor] = inference["spec"]["predictors"]
+    assert (predictor["name"], predictor["modelVersion"]) == ("serve", model_version["metadata"]["name"])
+    assert "trafficWeight" not in predictor, "the routes split the traffic, not KubeDL"
+    [container] = predictor["template"]["spec"]["containers"]
+    # KubeDL's Service of a predictor targets the container ports with these names (else 8080 and 9000).
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"predictor-http-port": 8501, "predictor-grpc-port": 8500}
+    # KubeDL sets MODEL_BASE_PATH to modelPath's parent (framework/tfserving.go SetSpec, b93a2b4) and the image's
+    # entrypoint would serve $MODEL_BASE_PATH/$MODEL_NAME, a folder too deep: the command serves the parent itself,
+    # where modelPath is version 1.
+    assert container["command"] == ["tensorflow_model_server"]
+    assert "--model_base_path=$(MODEL_BASE_PATH)" in container["args"] and "--model_name=taxi" in container["args"]
+    assert predictor["modelPath"] == "/mnt/models/taxi/1"
+    routes = documents(REPO / "k8s/kubedl/routes/routes.yaml")
+    for route in routes:
+        [rule] = route["spec"]["rules"]
+        assert [ref["name"] for ref in rule["backendRefs"]] == ["taxi-v1-serve"] * 2
+        assert [ref["weight"] for ref in rule["backendRefs"]] == [100, 0]

@@ -23,7 +23,7 @@ CORE_KINDS = {"config_map": ("", "configmaps"), "pod": ("", "pods"), "pod_proxy"
               "pod_proxy_with_path": ("", "pods/proxy"), "lease": ("coordination.k8s.io", "leases"),
               "service": ("", "services"), "event": ("", "events")}
 CUSTOM_PLURALS = {"httproutes": "gateway.networking.k8s.io", "grpcroutes": "gateway.networking.k8s.io",
-                  "inferences": "serving.kubedl.io", "modelversions": "model.kubedl.io"}
+                  "inferences": "serving.kubedl.io", "modelversions": "model.kubedl.io", "tfjobs": "training.kubedl.io"}
 CALL = re.compile(r"^(connect_get|read|list|create|replace|patch|delete|get)_namespaced_(\w+)$")
 # The controller's Lease (issue 24): created, read, and updated to renew, take over or release it. Counted whether
 # or not kube.py has it yet, so the Role is ready for it.
@@ -34,8 +34,9 @@ def _classes() -> dict[str, ast.ClassDef]:
     return {n.name: n for n in ast.parse(KUBE.read_text()).body if isinstance(n, ast.ClassDef)}
 
 
-def _plurals(node: ast.AST, classes: dict[str, ast.ClassDef], owner: ast.ClassDef) -> set[str]:
-    """The custom-object plurals a function names: string literals, and class tuples like GROUP it refers to."""
+def _plurals(node: ast.AST, owner: ast.ClassDef) -> set[str]:
+    """The custom-object plurals a function names: string literals and class tuples like INFERENCES it refers to
+    (a function naming none, like a `_route(plural, name)` helper, counts as calling every plural of its class)."""
     found = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in CUSTOM_PLURALS}
     constants = {}
     for statement in owner.body:
@@ -63,7 +64,7 @@ def api_calls(class_name: str) -> set[tuple[str, str, str]]:
         owner = classes[name]
         todo += [b.id for b in owner.bases if isinstance(b, ast.Name)]
         todo += [n.func.id for n in ast.walk(owner) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-        class_plurals = _plurals(owner, classes, owner)
+        class_plurals = _plurals(owner, owner)
         for function in [n for n in ast.walk(owner) if isinstance(n, ast.FunctionDef)]:
             for node in ast.walk(function):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -73,7 +74,7 @@ def api_calls(class_name: str) -> set[tuple[str, str, str]]:
                     continue
                 verb, kind = VERBS.get(match.group(1), "get"), match.group(2)
                 if kind == "custom_object":
-                    plurals = _plurals(function, classes, owner) or class_plurals
+                    plurals = _plurals(function, owner) or class_plurals
                     assert plurals, f"{name}.{function.name}: which custom resource does it call?"
                     calls |= {(CUSTOM_PLURALS[p], p, verb) for p in plurals}
                 else:
@@ -114,7 +115,8 @@ def named(settings, backend: str) -> dict[tuple[str, str], set[str]]:
                 ("gateway.networking.k8s.io", "httproutes"): {settings.http_route},
                 ("gateway.networking.k8s.io", "grpcroutes"): {settings.grpc_route}}
     return {("", "configmaps"): {f"{settings.inference}-rollout"},
-            ("serving.kubedl.io", "inferences"): {settings.inference}}
+            ("gateway.networking.k8s.io", "httproutes"): {settings.http_route},
+            ("gateway.networking.k8s.io", "grpcroutes"): {settings.grpc_route}}
 
 
 @pytest.mark.parametrize("backend, class_name, kustomization", [

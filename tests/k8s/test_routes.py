@@ -28,10 +28,19 @@ def render(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-@pytest.fixture(scope="module")
-def routes() -> dict[str, list[dict]]:
-    objects = render(REPO / "k8s/serving/bootstrap")
-    return {kind: [o for o in objects if o["kind"] == kind] for kind in ("HTTPRoute", "GRPCRoute")}
+# The routes of each path: which Services back them, on which REST and gRPC ports.
+ROUTE_SOURCES = {
+    "k8s/serving/bootstrap": ({"tfserving-stable", "tfserving-canary"}, 8501, 8500, SERVING_NAMESPACE),
+    "k8s/kubedl/routes": ({"taxi-v1-serve"}, 8080, 9000, "mlops"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ROUTE_SOURCES))
+def routes(request) -> dict[str, list[dict]]:
+    objects = render(REPO / request.param)
+    found = {kind: [o for o in objects if o["kind"] == kind] for kind in ("HTTPRoute", "GRPCRoute")}
+    backends, rest_port, grpc_port, namespace = ROUTE_SOURCES[request.param]
+    return {**found, "backends": backends, "rest_port": rest_port, "grpc_port": grpc_port, "namespace": namespace}
 
 
 def rest_requests() -> list[HttpRequest]:
@@ -72,8 +81,8 @@ def test_every_rest_call_of_the_client_and_the_readmes_reaches_both_tracks(route
         found = gateway_api.route_http(routes["HTTPRoute"], request)
         assert found is not None, f"{request.method} {request.path} gets the gateway's 404"
         route, rule = found
-        assert set(gateway_api.weights(rule)) == {"tfserving-stable", "tfserving-canary"}, request
-        assert all(ref["port"] == 8501 for ref in rule["backendRefs"])
+        assert set(gateway_api.weights(rule)) == routes["backends"], request
+        assert len(rule["backendRefs"]) == 2 and all(ref["port"] == routes["rest_port"] for ref in rule["backendRefs"])
 
 
 def test_the_verbs_need_exact_matches_because_pathprefix_compares_whole_elements():
@@ -175,8 +184,8 @@ def test_every_grpc_method_clients_call_is_routed_and_the_admin_one_is_not(route
     for service, method in called | prediction:
         found = gateway_api.route_grpc(routes["GRPCRoute"], service, method)
         assert found is not None, f"/{service}/{method} is not routed"
-        assert set(gateway_api.weights(found[1])) == {"tfserving-stable", "tfserving-canary"}
-        assert all(ref["port"] == 8500 for ref in found[1]["backendRefs"])
+        assert set(gateway_api.weights(found[1])) == routes["backends"]
+        assert all(ref["port"] == routes["grpc_port"] for ref in found[1]["backendRefs"])
     assert stub_paths()["_models"]["HandleReloadConfigRequest"]
     assert gateway_api.route_grpc(routes["GRPCRoute"], "tensorflow.serving.ModelService",
                                   "HandleReloadConfigRequest") is None
@@ -190,7 +199,7 @@ def test_every_grpc_method_clients_call_is_routed_and_the_admin_one_is_not(route
 def test_the_routes_attach_to_the_example_gateway_and_only_from_the_serving_namespace(routes):
     gateway_objects = render(REPO / "k8s/serving/gateway-envoy")
     gateways = [o for o in gateway_objects if o["kind"] == "Gateway"]
-    labels = {SERVING_NAMESPACE: {"kubernetes.io/metadata.name": SERVING_NAMESPACE}}
+    labels = {routes["namespace"]: {"kubernetes.io/metadata.name": routes["namespace"]}}
     http, grpc = routes["HTTPRoute"][0], routes["GRPCRoute"][0]
     assert gateway_api.attached_listeners(http, gateways, labels) == ["gateway-system/mlops-gateway/http"]
     assert gateway_api.attached_listeners(grpc, gateways, labels) == ["gateway-system/mlops-gateway/grpc"]

@@ -302,27 +302,32 @@ class RolloutKubernetesConfig:
     canary_grpc: list[str] = field(default_factory=lambda: ["tfserving-canary.mlops-serving.svc:8500"])
 
 
-KUBEDL_SERVICE_REST = "http://{inference}-{predictor}-{model_version}.{namespace}.svc:8080"
-KUBEDL_SERVICE_GRPC = "{inference}-{predictor}-{model_version}.{namespace}.svc:9000"
+# KubeDL's Service of an Inference's predictor: <inference>-<predictor>, ports 8080 and 9000; {inference} is the
+# version's Inference, <rollout.kubedl.inference>-v<version>.
+KUBEDL_SERVICE_REST = "http://{inference}-{predictor}.{namespace}.svc:8080"
+KUBEDL_SERVICE_GRPC = "{inference}-{predictor}.{namespace}.svc:9000"
 
 
 @dataclass
 class RolloutKubeDLConfig:
-    """A KubeDL Inference (k8s/kubedl) whose predictors serve ModelVersions; traffic moves by trafficWeight."""
+    """KubeDL (k8s/kubedl): one Inference per model version, `<inference>-v<version>`, behind the project's Gateway
+    API routes, whose weights split the traffic (KubeDL's own trafficWeight splits nothing: k8s/kubedl/README.md)."""
     # KubeDL looks a predictor's ModelVersion up in the Inference's namespace, and a TFJob records it in its own.
     namespace: str = "mlops"
     kubeconfig: str = ""
     inference: str = "taxi"
-    stable_predictor: str = "stable"
-    canary_predictor: str = "canary"
-    # The ModelVersion object of repository version {version} (what the TFJob's spec.modelVersion produced).
+    # The one predictor of each version's Inference.
+    predictor: str = "serve"
+    http_route: str = "taxi"
+    grpc_route: str = "taxi-grpc"
+    # The TFJob that trained version {version} (its status.modelVersionName names the ModelVersion KubeDL recorded,
+    # mv-<job>-<uid>); empty: the ModelVersion is named by model_version_name (registered by hand).
+    tfjob: str = ""
     model_version_name: str = "taxi-v{version}"
-    # The labels KubeDL puts on a predictor's pods ({namespace}, {inference}, {predictor}, {model_version} filled in).
-    predictor_selector: str = ("kubedl.io/inference-name={inference},kubedl.io/predictor-name={predictor},"
-                               "kubedl.io/model-version={model_version}")
+    # The labels KubeDL puts on a predictor's pods ({namespace}, {inference}, {predictor} filled in).
+    predictor_selector: str = "kubedl.io/inference-name={inference},kubedl.io/predictor-name={predictor}"
     rest_port: int = 8501
     metrics_path: str = "/monitoring/prometheus/metrics"
-    # KubeDL's Service of one predictor and ModelVersion: <inference>-<predictor>-<modelVersion>, ports 8080 and 9000.
     stable_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
     stable_grpc: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_GRPC])
     canary_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])

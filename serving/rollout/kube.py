@@ -1,8 +1,8 @@
 """The cluster backends, through the official `kubernetes` client: `kubernetes` (k8s/serving: the tracks' models.config
 ConfigMaps, Gateway API route weights, pods' model status and Prometheus metrics read through the API server's pod
-proxy, the rollout state in a ConfigMap) and `kubedl` (k8s/kubedl: the Inference predictors' modelVersion and
-trafficWeight). Every update carries the resourceVersion it read; a 409 Conflict means someone changed the object
-meanwhile, so the change is made again on a fresh read."""
+proxy, the rollout state in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per model version behind
+the project's Gateway API routes). Every update carries the resourceVersion it read; a 409 Conflict means someone
+changed the object meanwhile, so the change is made again on a fresh read."""
 from __future__ import annotations
 
 import contextlib
@@ -446,19 +446,29 @@ def _with_model(config, model: str, versions: list[int], labels: dict[str, int],
 
 
 class KubeDLBackend(_PodsMixin, Backend):
-    """k8s/kubedl: an Inference whose `stable` and `canary` predictors each serve one ModelVersion; weights are the
-    predictors' trafficWeight.
+    """k8s/kubedl: one KubeDL Inference per model version, `<inference>-v<version>` with the one predictor
+    `<predictor>`, and the traffic split by the project's own Gateway API routes in front of KubeDL's predictor
+    Services: backendRefs[0] of each route is the stable track, backendRefs[1] the canary.
 
-    How KubeDL serves a predictor (kubedl-io/kubedl, controllers/serving): one Deployment and one Service per
-    (predictor, ModelVersion), named `<inference>-<predictor>-<modelVersion>`, whose pods carry the labels
-    kubedl.io/inference-name, kubedl.io/predictor-name and kubedl.io/model-version. Pointing a predictor at another
-    ModelVersion creates a new Deployment and leaves the old one running, so the pods of a version are found by all
-    three labels, and the golden requests go to that version's Service (endpoint templates with {model_version})."""
+    Why not KubeDL's own canary (kubedl-io/kubedl b93a2b4, controllers/serving): its InferenceReconciler.syncPredictor
+    creates a predictor's Deployment only when none exists (inference_controller.go), so a changed `modelVersion` is
+    never applied; createNewPredictorDeploy and createServiceForPredictor name them `<inference>-<predictor>`
+    (predictor.go, utils.go genPredictorName), not by ModelVersion; and syncTrafficDistribution writes a VirtualService
+    with one destination per HTTP route, so `trafficWeight` splits nothing. An Inference that never changes, one per
+    version, is what its controller does serve. Its Service listens on 8080 (REST) and 9000 (gRPC)
+    (apis/serving/v1alpha1/defaults.go).
+
+    A version's ModelVersion is the one `rollout.kubedl.tfjob` recorded (the TFJob's status.modelVersionName: KubeDL
+    names a trained one `mv-<job>-<uid[:5]>`, controllers/model/utils.go GetJobModelVersionName), else
+    `rollout.kubedl.model_version_name` (registered by hand, k8s/kubedl/modelversion.yaml)."""
 
     name = "kubedl"
     supports_labels = False
-    GROUP = ("serving.kubedl.io", "v1alpha1", "inferences")
+    INFERENCES = ("serving.kubedl.io", "v1alpha1", "inferences")
     MODEL_VERSIONS = ("model.kubedl.io", "v1alpha1", "modelversions")
+    TFJOBS = ("training.kubedl.io", "v1alpha1", "tfjobs")
+    TRACK_INDEX = {"stable": 0, "canary": 1}
+    REST_PORT, GRPC_PORT = 8080, 9000
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0) -> None:
@@ -466,6 +476,7 @@ class KubeDLBackend(_PodsMixin, Backend):
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.settings = settings
+        self.model = model
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
         self.metrics_path = settings.metrics_path
@@ -474,79 +485,138 @@ class KubeDLBackend(_PodsMixin, Backend):
                                     client.CoordinationV1Api(api), lease_duration_s)
         super().__init__(store, endpoints)
 
-    def _inference(self) -> dict[str, Any]:
-        group, version, plural = self.GROUP
+    def _inference_name(self, version: int) -> str:
+        return f"{self.settings.inference}-v{version}"
+
+    def _service_name(self, version: int) -> str:
+        return f"{self._inference_name(version)}-{self.settings.predictor}"
+
+    def _version_of_service(self, service: str) -> int | None:
+        prefix, suffix = f"{self.settings.inference}-v", f"-{self.settings.predictor}"
+        middle = service[len(prefix):-len(suffix)] if service.startswith(prefix) and service.endswith(suffix) else ""
+        return int(middle) if middle.isdigit() else None
+
+    def _route(self, plural: str, name: str) -> dict[str, Any]:
         try:
-            return self.custom.get_namespaced_custom_object(group, version, self.namespace, plural,
-                                                            self.settings.inference)
+            return self.custom.get_namespaced_custom_object(*GATEWAY, self.namespace, plural, name)
         except ApiException as e:
-            raise BackendError(f"cannot read Inference {self.namespace}/{self.settings.inference} ({e.status} "
-                               f"{e.reason}); install KubeDL and apply k8s/kubedl.") from None
+            raise BackendError(f"cannot read {plural} {self.namespace}/{name} ({e.status} {e.reason}); install the "
+                               "Gateway API CRDs and create k8s/kubedl's routes.") from None
 
-    def _predictor_name(self, track: str) -> str:
-        return {"stable": self.settings.stable_predictor, "canary": self.settings.canary_predictor}[track]
+    @staticmethod
+    def _refs(route: dict[str, Any], what: str) -> list[dict[str, Any]]:
+        refs = route["spec"]["rules"][0].get("backendRefs", [])
+        if len(route["spec"]["rules"]) != 1 or len(refs) != 2:
+            raise BackendError(f"{what} must have one rule with two backendRefs (stable, then canary); see "
+                               "k8s/kubedl/routes.yaml.")
+        return refs
 
-    def _model_version(self, version: int) -> str:
-        return self.settings.model_version_name.format(version=version)
+    def _update_routes(self, change: Callable[[list[dict[str, Any]], int], bool]) -> None:
+        for plural, name, port in (("httproutes", self.settings.http_route, self.REST_PORT),
+                                   ("grpcroutes", self.settings.grpc_route, self.GRPC_PORT)):
+            update_with_retries(
+                lambda plural=plural, name=name: self._route(plural, name),
+                lambda route, plural=plural, name=name, port=port: change(self._refs(route, f"{plural} {name}"), port),
+                lambda route, plural=plural, name=name: self.custom.replace_namespaced_custom_object(
+                    *GATEWAY, self.namespace, plural, name, route),
+                f"{plural} {self.namespace}/{name}")
 
-    def _version_of(self, model_version: str) -> int | None:
-        prefix, _, suffix = self.settings.model_version_name.partition("{version}")
-        middle = model_version[len(prefix):len(model_version) - len(suffix) if suffix else None]
-        return int(middle) if model_version.startswith(prefix) and middle.isdigit() else None
+    def _served(self, track: str) -> int | None:
+        """The version whose predictor Service the track's backendRef names."""
+        refs = self._refs(self._route("httproutes", self.settings.http_route), self.settings.http_route)
+        return self._version_of_service(refs[self.TRACK_INDEX[track]]["name"])
 
-    def _update(self, change: Callable[[dict[str, Any]], bool]) -> None:
-        group, version, plural = self.GROUP
-        update_with_retries(
-            self._inference, change,
-            lambda obj: self.custom.replace_namespaced_custom_object(group, version, self.namespace, plural,
-                                                                     self.settings.inference, obj),
-            f"Inference {self.namespace}/{self.settings.inference}")
-
-    def _predictor(self, inference: dict[str, Any], track: str) -> dict[str, Any]:
-        name = self._predictor_name(track)
-        for predictor in inference["spec"]["predictors"]:
-            if predictor["name"] == name:
-                return predictor
-        raise BackendError(f"Inference {self.settings.inference} has no predictor {name!r}; see k8s/kubedl.")
-
-    def _serving(self, track: str) -> str:
-        """The ModelVersion the track's predictor names."""
-        return self._predictor(self._inference(), track).get("modelVersion", "")
-
-    def _placeholders(self, track: str, model_version: str) -> dict[str, str]:
-        return {"namespace": self.namespace, "inference": self.settings.inference,
-                "predictor": self._predictor_name(track), "model_version": model_version}
+    def _placeholders(self, version: int | None) -> dict[str, str]:
+        inference = self._inference_name(version) if version is not None else self.settings.inference
+        return {"namespace": self.namespace, "inference": inference, "predictor": self.settings.predictor,
+                "version": str(version)}
 
     def endpoints(self, track: str) -> list[Endpoint]:
-        values = self._placeholders(track, self._serving(track))
+        values = self._placeholders(self._served(track))
         return [Endpoint(e.rest.format(**values), e.grpc.format(**values)) for e in self._endpoints[track]]
 
     def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
-        served = self._version_of(self._serving(track))
+        served = self._served(track)
         return ([served], {track: served}) if served is not None else ([], {})
 
     def loaded_versions(self, versions: list[int]) -> list[int]:
         return [max(versions)]
 
-    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
-        wanted = self._model_version(max(versions))
+    def model_version(self, version: int) -> str:
+        """The ModelVersion of repository version `version`: the TFJob's record, else the name template."""
+        if not self.settings.tfjob:
+            return self.settings.model_version_name.format(version=version)
+        group, api_version, plural = self.TFJOBS
+        name = self.settings.tfjob.format(version=version)
+        try:
+            job = self.custom.get_namespaced_custom_object(group, api_version, self.namespace, plural, name)
+        except ApiException as e:
+            raise BackendError(f"cannot read TFJob {self.namespace}/{name} ({e.status} {e.reason}): "
+                               "rollout.kubedl.tfjob names the job that trained this version.") from None
+        recorded = (job.get("status") or {}).get("modelVersionName", "")
+        if not recorded:
+            raise BackendError(f"TFJob {self.namespace}/{name} has recorded no ModelVersion (status.modelVersionName); "
+                               "it needs spec.modelVersion and must have succeeded.")
+        return recorded
 
-        def change(inference: dict[str, Any]) -> bool:
-            predictor = self._predictor(inference, track)
-            if predictor.get("modelVersion") == wanted:
+    def _inference_for(self, version: int) -> dict[str, Any]:
+        """A new Inference serving `version`: the template's predictor (k8s/kubedl/inference.yaml, the Inference of
+        version 1 as applied) with this version's ModelVersion and model path."""
+        group, api_version, plural = self.INFERENCES
+        template_name = self._inference_name(self._served("stable") or 1)
+        try:
+            template = self.custom.get_namespaced_custom_object(group, api_version, self.namespace, plural,
+                                                                template_name)
+        except ApiException as e:
+            raise BackendError(f"cannot read Inference {self.namespace}/{template_name} ({e.status} {e.reason}); "
+                               "apply k8s/kubedl.") from None
+        [predictor] = [p for p in template["spec"]["predictors"] if p["name"] == self.settings.predictor]
+        predictor = json.loads(json.dumps(predictor))
+        predictor["modelVersion"] = self.model_version(version)
+        # KubeDL sets MODEL_BASE_PATH to the parent of modelPath (framework/tfserving.go SetSpec); the predictor's
+        # command serves --model_base_path=$(MODEL_BASE_PATH), so the model is version `version` there.
+        predictor["modelPath"] = f"{predictor['modelPath'].rstrip('/').rsplit('/', 1)[0]}/{version}"
+        predictor.pop("trafficWeight", None)
+        return {"apiVersion": f"{group}/{api_version}", "kind": "Inference",
+                "metadata": {"name": self._inference_name(version), "namespace": self.namespace,
+                             "labels": {**(template["metadata"].get("labels") or {}),
+                                        "app.kubernetes.io/version": str(version)}},
+                "spec": {**template["spec"], "predictors": [predictor]}}
+
+    def _ensure_inference(self, version: int) -> None:
+        group, api_version, plural = self.INFERENCES
+        name = self._inference_name(version)
+        try:
+            self.custom.get_namespaced_custom_object(group, api_version, self.namespace, plural, name)
+            return
+        except ApiException as e:
+            if e.status != 404:
+                raise BackendError(f"reading Inference {self.namespace}/{name} failed: {e.status} {e.reason}") from None
+        try:
+            self.custom.create_namespaced_custom_object(group, api_version, self.namespace, plural,
+                                                        self._inference_for(version))
+        except ApiException as e:
+            if e.status != 409:  # created meanwhile (a controller killed after its create): the same object
+                raise BackendError(f"creating Inference {self.namespace}/{name} failed: {e.status} "
+                                   f"{e.reason}") from None
+
+    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        version = max(versions)
+        self._ensure_inference(version)
+        wanted, index = self._service_name(version), self.TRACK_INDEX[track]
+
+        def change(refs: list[dict[str, Any]], port: int) -> bool:
+            if (refs[index]["name"], refs[index].get("port")) == (wanted, port):
                 return False
-            predictor["modelVersion"] = wanted
+            refs[index]["name"], refs[index]["port"] = wanted, port
             return True
 
-        self._update(change)
-
-    def _selector(self, track: str, model_version: str) -> str:
-        return self.settings.predictor_selector.format(**self._placeholders(track, model_version))
+        self._update_routes(change)
 
     def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
-        wanted = self._model_version(version)
-        views = self._views(self._selector(track, wanted), model, None)
-        if self._serving(track) != wanted:
+        selector = self.settings.predictor_selector.format(**self._placeholders(version))
+        views = self._views(selector, model, version)
+        if self._served(track) != version:
             return [ServerView(v.server, "NOT_FOUND") for v in views]
         return views
 
@@ -554,25 +624,25 @@ class KubeDLBackend(_PodsMixin, Backend):
         raise NotImplementedError("KubeDL predictors have no labels")
 
     def set_canary_weight(self, percent: int) -> None:
-        weights = {self.settings.stable_predictor: 100 - percent, self.settings.canary_predictor: percent}
+        weights = [100 - percent, percent]
 
-        def change(inference: dict[str, Any]) -> bool:
-            changed = False
-            for predictor in inference["spec"]["predictors"]:
-                if predictor["name"] in weights and predictor.get("trafficWeight") != weights[predictor["name"]]:
-                    predictor["trafficWeight"] = weights[predictor["name"]]
-                    changed = True
-            return changed
+        def change(refs: list[dict[str, Any]], port: int) -> bool:
+            if [ref.get("weight", 1) for ref in refs] == weights:
+                return False
+            for ref, weight in zip(refs, weights, strict=True):
+                ref["weight"] = weight
+            return True
 
-        self._update(change)
+        self._update_routes(change)
 
     def canary_weight(self) -> int:
-        return int(self._predictor(self._inference(), "canary").get("trafficWeight", 0))
+        refs = self._refs(self._route("httproutes", self.settings.http_route), self.settings.http_route)
+        return int(refs[1].get("weight", 1))
 
     def check_version(self, model: str, version: int) -> None:
         """The candidate's ModelVersion must exist and its image must not have failed to build (KubeDL holds a
         predictor back until the image is built)."""
-        name = self._model_version(version)
+        name = self.model_version(version)
         group, api_version, plural = self.MODEL_VERSIONS
         try:
             model_version = self.custom.get_namespaced_custom_object(group, api_version, self.namespace, plural, name)

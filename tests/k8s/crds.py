@@ -9,6 +9,9 @@ CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
 CRD_FILES = {
     ("gateway.networking.k8s.io", "HTTPRoute"): "httproute.gateway.networking.k8s.io.json",
     ("gateway.networking.k8s.io", "GRPCRoute"): "grpcroute.gateway.networking.k8s.io.json",
+    ("gateway.networking.k8s.io", "Gateway"): "gateway.gateway.networking.k8s.io.json",
+    ("gateway.networking.k8s.io", "GatewayClass"): "gatewayclass.gateway.networking.k8s.io.json",
+    ("monitoring.coreos.com", "PodMonitor"): "podmonitor.monitoring.coreos.com.json",
     ("serving.kubedl.io", "Inference"): "inference.serving.kubedl.io.json",
     ("model.kubedl.io", "ModelVersion"): "modelversion.model.kubedl.io.json",
     ("kubeflow.org", "TFJob"): "tfjob.kubeflow.org.json",

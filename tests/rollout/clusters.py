@@ -106,7 +106,7 @@ class ServingCluster(BaseCluster):
                            "data": {"models.config": text_format.MessageToString(config)}})
             self.servers[track] = ModelServer(config_path=repo.config_path, rest_port=0, grpc_port=0,
                                               poll_seconds=0.05)
-        for route in yaml.safe_load_all((REPO_ROOT / "k8s/serving/base/routes.yaml").read_text()):
+        for route in yaml.safe_load_all((REPO_ROOT / "k8s/serving/bootstrap/routes.yaml").read_text()):
             route["metadata"]["namespace"] = NAMESPACE
             self.fake.add(route)
         for pod, track in {"stable-a": "stable", "stable-b": "stable", "canary-a": "canary"}.items():
@@ -167,82 +167,116 @@ class ServingCluster(BaseCluster):
 
 
 class KubeDLCluster(BaseCluster):
-    """k8s/kubedl: the Inference (predictors stable and canary on ModelVersion tiny-v1) and ModelVersions tiny-v1..3.
-    Like KubeDL, pointing a predictor at a ModelVersion makes a Deployment for it (here a pod labelled with inference,
-    predictor and model version) and leaves the previous one running. One local server per predictor stands for the
-    Service of its current ModelVersion; a pod of a ModelVersion the predictor no longer names still answers that
-    version AVAILABLE, and every request to such a pod is recorded in `stale_queries` (the controller must not count
-    them). No pod exports metrics (k8s/kubedl gives the server no monitoring config)."""
+    """k8s/kubedl: Inference tiny-v1 (k8s/kubedl/inference.yaml, renamed), its ModelVersion and those of versions 2
+    and 3, and the routes of k8s/kubedl/routes (both backendRefs on taxi-v1's predictor Service). Each version's
+    ModelVersion is recorded in the status of TFJob taxi-trainer-v<V> (controllers: pkg/job_controller/job.go
+    createModelVersion sets status.modelVersionName); version 2's is named as KubeDL names a trained one,
+    mv-<job>-<uid[:5]> (controllers/model/utils.go GetJobModelVersionName), 1 and 3 as registered by hand.
+
+    What KubeDL's controller does, as kubedl-io/kubedl b93a2b4 controllers/serving does it: for each predictor of an
+    Inference, a Deployment `<inference>-<predictor>` (utils.go genPredictorName) made only when missing
+    (inference_controller.go syncPredictor; predictor.go createNewPredictorDeploy), so a changed predictor changes
+    nothing, recorded in `ignored_changes`; its pods labelled kubedl.io/inference-name, kubedl.io/predictor-name and
+    kubedl.io/model-version (labels.go insertLabelsForPredictor); MODEL_BASE_PATH the parent of modelPath
+    (framework/tfserving.go SetSpec), so the pod's TF Serving, whose command serves $(MODEL_BASE_PATH), answers the
+    version that modelPath's last element names. A predictor waits while its ModelVersion's image is not built
+    (syncPredictor requeues). Here one pod per Inference answers through the pod proxy from a local server loading
+    that version. One local server per track stands for what the track's backendRef (the gateway) reaches: when a
+    route's backendRef of a track moves to a version's Service, that server loads the version. No pod exports
+    metrics."""
 
     def __init__(self, root: Path, tiny_versions: dict[int, Path]) -> None:
         super().__init__(root, tiny_versions)
-        self.stale_queries: list[tuple[str, str]] = []
+        self.ignored_changes: list[str] = []
         self.lock = threading.Lock()
         [inference] = yaml.safe_load_all((REPO_ROOT / "k8s/kubedl/inference.yaml").read_text())
-        inference["metadata"]["namespace"] = NAMESPACE
-        for predictor in inference["spec"]["predictors"]:
-            predictor["modelVersion"] = "tiny-v1"
-        self.fake.add(inference)
-        for version in (1, 2, 3):
+        inference["metadata"].update(name="taxi-v1", namespace=NAMESPACE)
+        inference["spec"]["predictors"][0]["modelVersion"] = "tiny-v1"
+        names = {1: "tiny-v1", 2: "mv-taxi-trainer-v2-3f9a1", 3: "tiny-v3"}
+        for version, name in names.items():
             self.fake.add({"apiVersion": "model.kubedl.io/v1alpha1", "kind": "ModelVersion",
-                           "metadata": {"name": f"tiny-v{version}", "namespace": NAMESPACE},
-                           "spec": {"modelName": MODEL}, "status": {"imageBuildPhase": "ImageBuildSucceeded"}})
-        self.current: dict[str, str] = {}
-        for predictor in ("stable", "canary"):
-            path = root / f"{predictor}.config"
+                           "metadata": {"name": name, "namespace": NAMESPACE},
+                           "spec": {"modelName": MODEL, "createdBy": "taxi-trainer-v2" if version == 2 else "hand"},
+                           "status": {"imageBuildPhase": "ImageBuildSucceeded"}})
+            self.fake.add({"apiVersion": "training.kubedl.io/v1alpha1", "kind": "TFJob",
+                           "metadata": {"name": f"taxi-trainer-v{version}", "namespace": NAMESPACE},
+                           "spec": {}, "status": {"modelVersionName": name}})
+        # What the Inferences' pods serve: one local server per version.
+        self.version_servers: dict[int, ModelServer] = {}
+        for version in (1, 2, 3):
+            path = root / f"v{version}.config"
+            ModelRepository(self.base, path).serve(MODEL, [version], {})
+            self.version_servers[version] = ModelServer(config_path=path, rest_port=0, grpc_port=0, poll_seconds=0.05)
+            self.servers[f"v{version}"] = self.version_servers[version]
+        self.current: dict[str, int] = {}
+        for track in ("stable", "canary"):
+            path = root / f"{track}.config"
             ModelRepository(self.base, path).serve(MODEL, [1], {})
-            self.servers[predictor] = ModelServer(config_path=path, rest_port=0, grpc_port=0, poll_seconds=0.05)
-            self._deploy(predictor, "tiny-v1")
+            self.servers[track] = ModelServer(config_path=path, rest_port=0, grpc_port=0, poll_seconds=0.05)
+            self.current[track] = 1
+        self.deployments: dict[str, dict] = {}
+        for route in yaml.safe_load_all((REPO_ROOT / "k8s/kubedl/routes/routes.yaml").read_text()):
+            route["metadata"]["namespace"] = NAMESPACE
+            for ref in route["spec"]["rules"][0]["backendRefs"]:
+                ref["name"] = "taxi-v1-serve"
+            self.fake.add(route)
+        self.fake.add(inference)
+        self.kubedl(None, self.fake.find("Inference", NAMESPACE, "taxi-v1"))
         self.fake.watchers.insert(0, self.kubedl)
+        self.fake.watchers.insert(0, self.gateway)
 
     def summary(self, kind: str, obj: dict) -> object:
+        if kind in ("HTTPRoute", "GRPCRoute"):
+            return [(ref["name"], ref["weight"]) for ref in obj["spec"]["rules"][0]["backendRefs"]]
         if kind == "Inference":
-            return {p["name"]: (p["modelVersion"], p["trafficWeight"]) for p in obj["spec"]["predictors"]}
+            return [(p["name"], p["modelVersion"], p["modelPath"]) for p in obj["spec"]["predictors"]]
         return super().summary(kind, obj)
 
-    def _deploy(self, predictor: str, model_version: str) -> None:
-        with self.lock:
-            if self.current.get(predictor) == model_version:
-                return
-            self.current[predictor] = model_version
-            version = int(model_version.removeprefix("tiny-v"))
-            ModelRepository(self.base, self.root / f"{predictor}.config").serve(MODEL, [version], {})
-            pod = f"taxi-{predictor}-{model_version}-0"
-            if self.fake.find("Pod", NAMESPACE, pod) is None:
-                self.add_pod(pod, {"kubedl.io/inference-name": "taxi", "kubedl.io/predictor-name": predictor,
-                                   "kubedl.io/model-version": model_version},
-                             lambda path, p=predictor, mv=model_version, v=version: self.proxy(p, mv, v, path))
-
     def kubedl(self, key, obj) -> None:
-        if key[1] == "Inference":
-            for predictor in obj["spec"]["predictors"]:
-                self._deploy(predictor["name"], predictor["modelVersion"])
+        if obj.get("kind") != "Inference":
+            return
+        for predictor in obj["spec"]["predictors"]:
+            name = f"{obj['metadata']['name']}-{predictor['name']}"
+            with self.lock:
+                if name in self.deployments:
+                    if self.deployments[name] != predictor:
+                        self.ignored_changes.append(name)
+                    continue
+                model_version = self.fake.find("ModelVersion", NAMESPACE, predictor["modelVersion"])
+                if model_version is None or model_version["status"].get("imageBuildPhase") != "ImageBuildSucceeded":
+                    continue
+                self.deployments[name] = copy.deepcopy(predictor)
+            version = int(predictor["modelPath"].rstrip("/").rsplit("/", 1)[1])
+            self.add_pod(f"{name}-0", {"kubedl.io/inference-name": obj["metadata"]["name"],
+                                       "kubedl.io/predictor-name": predictor["name"],
+                                       "kubedl.io/model-version": predictor["modelVersion"]},
+                         lambda path, v=version: tf_serving_get(self.version_servers[v].rest_url, path))
 
-    def proxy(self, predictor: str, model_version: str, version: int, path: str) -> tuple[int, str]:
-        if self.current[predictor] != model_version:
-            self.stale_queries.append((f"{predictor}/{model_version}", path))
-            return 200, json.dumps({"model_version_status": [
-                {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
-        if path.startswith("monitoring/"):
-            return 404, "Not Found"
-        if path.rstrip("/") == f"v1/models/{MODEL}":
-            path = f"v1/models/{MODEL}/versions/{version}"  # this pod's only version
-        return tf_serving_get(self.servers[predictor].rest_url, path)
+    def gateway(self, key, obj) -> None:
+        if obj.get("kind") != "HTTPRoute":
+            return
+        refs = obj["spec"]["rules"][0]["backendRefs"]
+        for track, ref in zip(("stable", "canary"), refs, strict=True):
+            version = int(ref["name"].removeprefix("taxi-v").removesuffix("-serve"))
+            if self.current[track] != version:
+                self.current[track] = version
+                ModelRepository(self.base, self.root / f"{track}.config").serve(MODEL, [version], {})
 
     def overrides(self) -> list[str]:
         s, c = self.servers["stable"], self.servers["canary"]
         return [
             *self.common_overrides(), "rollout.backend=kubedl", f"rollout.kubedl.namespace={NAMESPACE}",
             f"rollout.kubedl.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
-            "rollout.kubedl.model_version_name=tiny-v{version}", "rollout.window_seconds=0.2",
+            "rollout.kubedl.tfjob=taxi-trainer-v{version}", "rollout.window_seconds=0.2",
             "rollout.max_p99_ms=2000",  # measured on the verifier's own requests, on a busy shared machine
             f"rollout.kubedl.stable_rest=['{s.rest_url}']", f"rollout.kubedl.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubedl.canary_rest=['{c.rest_url}']", f"rollout.kubedl.canary_grpc=['{c.grpc_target}']",
         ]
 
-    def predictors(self) -> dict[str, tuple[str, int]]:
-        inference = self.fake.find("Inference", NAMESPACE, "taxi")
-        return {p["name"]: (p["modelVersion"], p["trafficWeight"]) for p in inference["spec"]["predictors"]}
+    def routes(self) -> dict[str, list[tuple[str, int]]]:
+        return {kind: [(ref["name"], ref["weight"]) for ref in
+                       self.fake.find(kind, NAMESPACE, name)["spec"]["rules"][0]["backendRefs"]]
+                for kind, name in (("HTTPRoute", "taxi"), ("GRPCRoute", "taxi-grpc"))}
 
     def state(self) -> dict:
         return json.loads(self.fake.find("ConfigMap", NAMESPACE, "taxi-rollout")["data"][f"{MODEL}.json"])

@@ -280,6 +280,15 @@ def _http_ok(url: str) -> bool:
         return False
 
 
+def _scraped(url: str, count: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?query=up", timeout=2) as response:
+            result = json.loads(response.read())["data"]["result"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return sum(1 for series in result if series["value"][1] == "1") == count
+
+
 def _stop_pid(pid: int, timeout_s: float = 20.0) -> None:
     if not _alive(pid):
         return
@@ -357,6 +366,9 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
         started.append(prometheus.pid)
         url = f"http://127.0.0.1:{port}"
         _wait_for("prometheus", lambda: _http_ok(f"{url}/-/ready"), prometheus, prometheus_log, 30)
+        # Started means measured: every server scraped once, so the first window has a `before`.
+        _wait_for("prometheus's first scrape of every server", lambda: _scraped(url, len(servers)), prometheus,
+                  prometheus_log, 30 + 4 * scrape_interval_s)
         stack = Stack(str(stack_dir), model, servers, haproxy.pid, prometheus.pid, f"http://127.0.0.1:{rest_port}",
                       f"127.0.0.1:{grpc_port}", url, str(stack_dir / "haproxy.sock"), scrape_interval_s, track_label,
                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

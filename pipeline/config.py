@@ -280,7 +280,7 @@ class RolloutLocalConfig:
     servers_per_track: int = 1
     router_rest_port: int = 8601
     router_grpc_port: int = 8600
-    prometheus_port: int = 9090
+    prometheus_port: int = 9190
 
 
 @dataclass

@@ -18,6 +18,8 @@ from serving.rollout import local_stack
 from serving.rollout.factory import build_backend, build_controller
 from serving.rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
 from serving.rollout.prometheus import PrometheusError, PrometheusSource
+from serving.rollout.report import traffic_of, write_report
+from tests.browser import render
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, ROW, answering_version
 from tests.serving.conftest import TinyTaxiModel, _signature_spec
 
@@ -217,6 +219,19 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
     assert backend.canary_weight() == 0 and stack["stack"].router().weights() == {
         "rest": {"stable-0": 100, "canary-0": 0}, "grpc": {"stable-0": 100, "canary-0": 0}}
     assert_exact_windows(backend, record)
+    # The report charts the traffic Prometheus saw, and loads in a browser with nothing from the network.
+    time.sleep(1.0)
+    page = write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)
+    rendered = render(page)
+    assert rendered.console == []
+    assert rendered.charts == {"traffic-requests_per_second": 1, "traffic-error_rate": 1, "traffic-p99_ms": 1}
+    traffic = traffic_of(record, backend.metrics.inner)
+    canary_rate = [v for v in traffic["tracks"]["canary"]["requests_per_second"] if v]
+    errors = [v for figures in traffic["tracks"].values() for v in figures["error_rate"] if v is not None]
+    print(f"traffic chart: {len(traffic['times'])} points, canary peak {max(canary_rate):.1f} requests/s, "
+          f"highest error rate {max(errors):.3f} (the controller's status polls for a version still loading)")
+    assert canary_rate and max(canary_rate) > 10 and errors and all(0 <= v <= 1 for v in errors)
+    assert rendered.dom.count("verified</text>") == 12 and rendered.dom.count("PROMOTED</text>") == 3
 
 
 def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(stack):
@@ -247,6 +262,15 @@ def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
     args = build_parser().parse_args(["deploy", "local", *[a for o in overrides(stack) for a in ("--set", o)]])
     assert args.handler(args) == 2
     assert "already runs" in capsys.readouterr().err
+
+
+def test_missing_binaries_are_one_sentence_that_says_what_installs_them(monkeypatch):
+    monkeypatch.setattr(local_stack.shutil, "which", lambda name: None)
+    monkeypatch.setattr(local_stack.os, "access", lambda path, mode: False)
+    with pytest.raises(local_stack.StackError) as caught:
+        local_stack.binaries()
+    assert str(caught.value).startswith("haproxy and prometheus are not installed; install them with `make "
+                                        "deploy-deps`")
 
 
 def test_an_unreachable_prometheus_is_one_clear_error():

@@ -225,13 +225,10 @@ def haproxy_config(stack_dir: Path, rest_port: int, grpc_port: int, servers: lis
     return "\n".join(lines)
 
 
-def prometheus_config(servers: list[Server], scrape_interval_s: float, track_label: str = "track") -> str:
+def prometheus_config(targets: dict[str, list[str]], scrape_interval_s: float, track_label: str = "track") -> str:
     interval = f"{max(100, int(scrape_interval_s * 1000))}ms"
-    static = []
-    for track in TRACKS:
-        targets = [s.rest.split("://", 1)[-1] for s in servers if s.track == track]
-        if targets:
-            static.append({"targets": targets, "labels": {track_label: track}})
+    static = [{"targets": addresses, "labels": {track_label: track}}
+              for track, addresses in targets.items() if addresses]
     config = {"global": {"scrape_interval": interval, "scrape_timeout": interval},
               "scrape_configs": [{"job_name": "tfserving", "metrics_path": METRICS_PATH, "scrape_interval": interval,
                                   "scrape_timeout": interval, "static_configs": static}]}
@@ -355,20 +352,9 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
                                                           for t in TRACKS})
         _wait_for("haproxy", lambda: (stack_dir / "haproxy.sock").exists() and _router_answers(router), haproxy,
                   haproxy_log, 20)
-        port = prometheus_port or free_port()
-        prometheus_yml = stack_dir / "prometheus.yml"
-        prometheus_yml.write_text(prometheus_config(servers, scrape_interval_s, track_label))
-        prometheus_log = stack_dir / "prometheus.log"
-        prometheus = _spawn([tools["prometheus"], f"--config.file={prometheus_yml}",
-                             f"--storage.tsdb.path={stack_dir / 'prometheus-data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=2d"],
-                            prometheus_log, cwd=stack_dir)
-        started.append(prometheus.pid)
-        url = f"http://127.0.0.1:{port}"
-        _wait_for("prometheus", lambda: _http_ok(f"{url}/-/ready"), prometheus, prometheus_log, 30)
-        # Started means measured: every server scraped once, so the first window has a `before`.
-        _wait_for("prometheus's first scrape of every server", lambda: _scraped(url, len(servers)), prometheus,
-                  prometheus_log, 30 + 4 * scrape_interval_s)
+        targets = {t: [s.rest.split("://", 1)[-1] for s in servers if s.track == t] for t in TRACKS}
+        prometheus, url = run_prometheus(stack_dir, targets, scrape_interval_s, prometheus_port, track_label,
+                                         tools["prometheus"], started)
         stack = Stack(str(stack_dir), model, servers, haproxy.pid, prometheus.pid, f"http://127.0.0.1:{rest_port}",
                       f"127.0.0.1:{grpc_port}", url, str(stack_dir / "haproxy.sock"), scrape_interval_s, track_label,
                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -378,6 +364,34 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
         for pid in reversed(started):
             _stop_pid(pid)
         raise
+
+
+def run_prometheus(folder: Path, targets: dict[str, list[str]], scrape_interval_s: float, port: int = 0,
+                   track_label: str = "track", executable: str = "", started: list[int] | None = None,
+                   ) -> tuple[subprocess.Popen, str]:
+    """Prometheus on 127.0.0.1:`port` (0: a free one) scraping `targets` (track -> host:port of TF Serving REST
+    ports) with the track as a target label; returns once it has scraped every target. Its pid joins `started`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    config = folder / "prometheus.yml"
+    config.write_text(prometheus_config(targets, scrape_interval_s, track_label))
+    log = folder / "prometheus.log"
+    process = _spawn([executable or binaries()["prometheus"], f"--config.file={config}",
+                      f"--storage.tsdb.path={folder / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{port}",
+                      "--storage.tsdb.retention.time=2d"], log, cwd=folder)
+    if started is not None:
+        started.append(process.pid)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for("prometheus", lambda: _http_ok(f"{url}/-/ready"), process, log, 30)
+        # Started means measured: every server scraped once, so the first window has a `before`.
+        _wait_for("prometheus's first scrape of every server",
+                  lambda: _scraped(url, sum(len(t) for t in targets.values())), process, log,
+                  30 + 4 * scrape_interval_s)
+    except BaseException:
+        _stop_pid(process.pid)
+        raise
+    return process, url
 
 
 def _router_answers(router: Router) -> bool:

@@ -14,12 +14,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 from google.protobuf import text_format
 
 from serving.model_repository import ModelRepository, read_model_server_config
+from serving.rollout import local_stack
 from serving.server import ModelServer
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, REPO_ROOT
 from tests.rollout.fake_apiserver import FakeApiServer
@@ -37,6 +39,47 @@ ONE_STEP_PROMOTION = [
 def _track_config(path: Path) -> tuple[list[int], dict[str, int]]:
     config = read_model_server_config(path).model_config_list.config[0]
     return sorted(config.model_version_policy.specific.versions), dict(config.version_labels)
+
+
+SCRAPE_S = 0.25
+
+
+class PodExporter:
+    """A pod's TF Serving metrics page on a loopback port, for a real Prometheus to scrape (the fake pods are API
+    objects, which no Prometheus can reach): each scrape finds 100 more predictions and 2 status GETs counted
+    (tests/rollout/fake_pods.py), `error_share` of the predictions failed."""
+
+    def __init__(self, error_share: float) -> None:
+        self.error_share = error_share
+        self.scrapes = 0
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path != "/monitoring/prometheus/metrics":
+                    self.send_error(404)
+                    return
+                exporter.scrapes += 1
+                body = prometheus_text(MODEL, exporter.scrapes, exporter.error_share).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class BaseCluster:
@@ -94,8 +137,13 @@ class ServingCluster(BaseCluster):
     def __init__(self, root: Path, tiny_versions: dict[int, Path], error_share: float = 0.0) -> None:
         super().__init__(root, tiny_versions)
         self.error_share = error_share
-        self.scrapes = 0
         self.refused: list[str] = []
+        # What the pods' metrics page would answer, scraped by a real Prometheus (started on entering).
+        self.exporters = {"stable-a": PodExporter(0.0), "stable-b": PodExporter(0.0),
+                          "canary-a": PodExporter(error_share)}
+        self.prometheus = None
+        self.prometheus_url = ""
+        self.proxied: list[str] = []
         for track in ("stable", "canary"):
             repo = ModelRepository(self.base, root / f"{track}.config", served_base_dir=str(self.base))
             config = repo.serve(MODEL, [1], {track: 1})
@@ -136,10 +184,32 @@ class ServingCluster(BaseCluster):
                 else:
                     os.replace(tmp, target)  # atomically, as the kubelet swaps a mounted ConfigMap
 
+    def __enter__(self):
+        super().__enter__()
+        try:
+            local_stack.binaries()
+        except local_stack.StackError as e:
+            self.__exit__(None, None, None)
+            raise AssertionError(str(e)) from None
+        for exporter in self.exporters.values():
+            exporter.start()
+        targets = {track: [e.address for pod, e in self.exporters.items() if pod.startswith(track)]
+                   for track in ("stable", "canary")}
+        self.prometheus, self.prometheus_url = local_stack.run_prometheus(self.root / "prometheus", targets,
+                                                                          SCRAPE_S)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.prometheus is not None:
+            self.prometheus.terminate()
+            self.prometheus.wait(timeout=20)
+        for exporter in self.exporters.values():
+            if exporter.thread.is_alive():
+                exporter.stop()
+        super().__exit__(*exc)
+
     def proxy(self, track: str, path: str) -> tuple[int, str]:
-        if path.startswith("monitoring/prometheus/metrics"):
-            self.scrapes += 1
-            return 200, prometheus_text(MODEL, self.scrapes, self.error_share)
+        self.proxied.append(path)
         return tf_serving_get(self.servers[track].rest_url, path)
 
     def overrides(self) -> list[str]:
@@ -147,7 +217,8 @@ class ServingCluster(BaseCluster):
         return [
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
-            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=0.3",
+            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=0.6",
+            f"rollout.prometheus.url={self.prometheus_url}", f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}",
             "rollout.max_p99_ms=100",  # the metrics' p99 is 3.6 ms; the GETs' latency, were it counted, 24 s
             f"rollout.kubernetes.stable_rest=['{s.rest_url}']", f"rollout.kubernetes.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubernetes.canary_rest=['{c.rest_url}']", f"rollout.kubernetes.canary_grpc=['{c.grpc_target}']",

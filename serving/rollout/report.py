@@ -106,14 +106,19 @@ _FIGURES = (("requests_per_second", "requests per second", "{:.1f}"), ("error_ra
 def _markers(record: dict[str, Any]) -> list[tuple[float, str, str]]:
     """(time, label, color): each verification (the step it verified, passed or failed) and the verdict."""
     marks = []
+    steps = record.get("steps", [])
     for event in record.get("events", []):
         at = _seconds(event.get("at", ""))
         figures = event.get("figures")
         if at is None or figures is None:
             continue
-        failed = bool(figures.get("error"))
-        marks.append((at, f"{figures.get('weight', 0)}% {'failed' if failed else 'verified'}",
-                      "#cf222e" if failed else "#1a7f37"))
+        weight = figures.get("weight", 0)
+        if figures.get("error"):
+            marks.append((at, f"{weight}% failed", "#cf222e"))
+            continue
+        later = [s for s in steps if s > weight]
+        marks.append((at, f"{weight}% verified, to {later[0]}%" if later else f"{weight}% verified, promote",
+                      "#1a7f37"))
     end = _seconds(record.get("finished_at", ""))
     if end is not None and record.get("outcome"):
         marks.append((end, record["outcome"].replace("_", " ").upper(),

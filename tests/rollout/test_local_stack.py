@@ -231,7 +231,8 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
     print(f"traffic chart: {len(traffic['times'])} points, canary peak {max(canary_rate):.1f} requests/s, "
           f"highest error rate {max(errors):.3f} (the controller's status polls for a version still loading)")
     assert canary_rate and max(canary_rate) > 10 and errors and all(0 <= v <= 1 for v in errors)
-    assert rendered.dom.count("verified</text>") == 12 and rendered.dom.count("PROMOTED</text>") == 3
+    assert rendered.dom.count("verified, to ") == 9 and rendered.dom.count("verified, promote</text>") == 3
+    assert rendered.dom.count("PROMOTED</text>") == 3
 
 
 def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(stack):
@@ -249,6 +250,12 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
     last_weight_change = max(i for i, r in enumerate(results) if r[0] != 0 or r[1] != 0)
     assert all(not r[4] for r in results[last_weight_change + 1:]), "nothing fails after the rollback"
     assert_exact_windows(backend, record)
+    time.sleep(1.0)
+    rendered = render(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner))
+    assert rendered.console == [] and len(rendered.charts) == 3
+    assert rendered.dom.count("10% failed</text>") == 3 and rendered.dom.count("ROLLED BACK</text>") == 3
+    canary_errors = [v for v in traffic_of(record, backend.metrics.inner)["tracks"]["canary"]["error_rate"] if v]
+    assert canary_errors and max(canary_errors) > 0.05, "the chart shows the canary's errors"
 
 
 def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):

@@ -309,6 +309,8 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
           scrape_interval_s: float = 1.0, track_label: str = "track", canary_percent: int | None = None,
           timeout_s: float = 120.0) -> Stack:
     """Starts the whole stack (ports 0: free ones) and records it; raises StackError when it already runs."""
+    if servers_per_track < 1:
+        raise StackError(f"rollout.local.servers_per_track must be at least 1, got {servers_per_track}.")
     tools = binaries()
     base = Path(serving_base_dir)
     stack_dir = stack_folder(base, folder).resolve()

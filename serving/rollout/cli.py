@@ -5,7 +5,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from serving.model_repository import TRACK_CONFIG_FILES, open_repository
@@ -25,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction,
     start.add_argument("--version", type=int, required=True, help="the published version to roll out")
     start.add_argument("--no-wait", action="store_true",
                        help="after promotion, return instead of waiting out rollout.keep_previous_seconds")
+    start.add_argument("--allow-downgrade", action="store_true",
+                       help="roll out a version older than the stable one")
     start.add_argument("--retry", action="store_true",
                        help="roll out again a version whose last rollout was rolled back (without it, `start` "
                             "reports that outcome and does nothing)")
@@ -99,7 +100,7 @@ def versions_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(document: dict[str, Any], report_dir: Path | None) -> None:
+def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
     from serving.rollout.controller import describe_figures
     from serving.rollout.report import report_paths
 
@@ -109,7 +110,8 @@ def _print_status(document: dict[str, Any], report_dir: Path | None) -> None:
     else:
         weight = current["steps"][current["step"] - 1] if current.get("step") else 0
         print(f"rollout {current['id']}: version {current['candidate']} over stable {current['stable']}, phase "
-              f"{current['phase']}, canary traffic {weight}%")
+              f"{current['phase']}, canary traffic {weight}%" + (f", PAUSED: {current['paused']}"
+                                                                  if current.get("paused") else ""))
         for event in current.get("events", [])[-5:]:
             print(f"  {event['at']}  {event['message']}")
     for record in document.get("history", [])[-5:]:
@@ -119,8 +121,11 @@ def _print_status(document: dict[str, Any], report_dir: Path | None) -> None:
             if "figures" in event:
                 print(f"    {describe_figures(event['figures'])}")
         page = report_paths(report_dir, record)[1] if report_dir is not None else None
-        if page is not None and page.exists():
-            print(f"    report: {page}")
+        if page is not None:
+            import tensorflow as tf
+
+            if tf.io.gfile.exists(page):
+                print(f"    report: {page}")
 
 
 def rollout_command(args: argparse.Namespace) -> int:
@@ -142,7 +147,8 @@ def rollout_command(args: argparse.Namespace) -> int:
                 _print_status(document, controller.report_dir)
             return 0
         if args.action == "start":
-            record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry)
+            record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry,
+                                      allow_downgrade=args.allow_downgrade)
         elif args.action == "promote":
             record = controller.promote(wait_retain=not args.no_wait)
         else:
@@ -154,4 +160,7 @@ def rollout_command(args: argparse.Namespace) -> int:
     outcome = record.get("outcome")
     if outcome == "rolled_back":
         return 3
+    # Paused on inconclusive windows: traffic stays where it was; the state says why.
+    if record.get("paused"):
+        return 4
     return 0

@@ -6,26 +6,33 @@ weights that phase wants (nothing when they are already so), waits for the serve
 the next phase. A controller killed anywhere re-reads the state and repeats the current phase, which changes nothing
 that was already done, so it finishes with the same end state and records each outcome once.
 
+One controller at a time: every command holds the state store's lock (a Kubernetes Lease, a file lock here) while it
+acts, and every state write is fenced on the revision it read when the command began, so a controller that finds its
+rollout ended or changed by someone else stops without touching traffic. Every outcome it prints and records is
+computed from the tracks and weights read back from the backend.
+
 TF Serving's rules it keeps: a label only moves to a version already AVAILABLE (load, wait, then label), and as an
 unversioned request goes to the highest loaded version, the candidate is loaded only on the canary track, which
 gets traffic through the weights alone.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from serving.rollout.backends import Backend, BackendError
-from serving.rollout.report import write_report
-from serving.rollout.state import StateConflictError
+from serving.rollout.report import report_paths, write_report
+from serving.rollout.state import Holding, StateConflictError
 from serving.rollout.verify import Verifier
 
 STABLE, CANARY = "stable", "canary"
 ROLLBACK_PHASES = ("rollback_route", "rollback_canary_load", "rollback_canary_label", "revert_label", "revert_unload")
 PHASES = ("load", "label", "verify", "promote_load", "promote_label", "promote_route", "retain", *ROLLBACK_PHASES)
+# The phases after which the candidate may be loaded on the stable track: a rollback from there reverts it first.
+PROMOTION_PHASES = ("promote_load", "promote_label", "promote_route", "retain")
 
 
 class RolloutError(RuntimeError):
@@ -48,7 +55,9 @@ class Controller:
     def __init__(self, backend: Backend, model: str, steps: list[int], verifier_factory: Callable[[], Verifier],
                  load_timeout_s: float, keep_previous_s: float, poll_s: float,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
-                 report_dir: str | Path | None = None, limits: dict[str, Any] | None = None) -> None:
+                 report_dir: str | None = None, limits: dict[str, Any] | None = None,
+                 max_inconclusive: int = 3, on_inconclusive: str = "rollback", history_limit: int = 20,
+                 lease_wait_s: float = 0.0) -> None:
         self.backend = backend
         self.model = model
         self.steps = list(steps)
@@ -59,27 +68,62 @@ class Controller:
         self.poll_s = poll_s
         self.log = log
         self.sleep = sleep
-        # Each finished rollout lands there as <model>-v<candidate>-<id>.json and .html (serving/rollout/report.py).
-        self.report_dir = Path(report_dir) if report_dir is not None else None
+        # Each finished rollout lands there as <model>-v<candidate>-<id>.json and .html (serving/rollout/report.py);
+        # any folder or URI tf.io.gfile serves.
+        self.report_dir = str(report_dir) if report_dir is not None else None
         self.limits = limits
+        self.max_inconclusive = max_inconclusive
+        self.on_inconclusive = on_inconclusive
+        self.history_limit = history_limit
+        self.lease_wait_s = lease_wait_s
+        self._holding: Holding | None = None
+        self._document: dict[str, Any] = {}
+        self._token = ""
 
     # State
 
     def document(self) -> dict[str, Any]:
         return self.backend.store.load()[0]
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        with self.backend.store.exclusive(self.lease_wait_s) as holding:
+            self._holding = holding
+            try:
+                yield
+            finally:
+                self._holding = None
+
+    def _read(self) -> dict[str, Any]:
+        """The state as this command begins: every later write is fenced on this revision."""
+        self._document, self._token = self.backend.store.load()
+        return self._document
+
+    def _fence(self) -> None:
+        """Raises StateConflictError when this controller lost its lease or the state moved since it last read or
+        wrote it: the caller stops before touching traffic."""
+        if self._holding is not None and self._holding.lost:
+            raise StateConflictError(f"this controller lost its lease ({self._holding.lost}); it stopped without "
+                                     "touching traffic; see `mlops rollout status`.")
+        _, token = self.backend.store.load()
+        if token != self._token:
+            raise StateConflictError("the rollout state changed since this controller read it (another command moved "
+                                     "or ended the rollout); it stopped without touching traffic; see `mlops rollout "
+                                     "status`.")
+
     def _commit(self, current: dict[str, Any] | None, event: dict[str, Any] | None = None,
                 finished: dict[str, Any] | None = None) -> None:
-        document, token = self.backend.store.load()
-        stored = document.get("current")
-        if current is not None and stored is not None and stored.get("id") != current.get("id"):
-            raise StateConflictError("another rollout took over this model's state; stop and read `rollout status`.")
+        if self._holding is not None and self._holding.lost:
+            raise StateConflictError(f"this controller lost its lease ({self._holding.lost}); nothing was recorded; "
+                                     "see `mlops rollout status`.")
         if current is not None and event is not None:
             current = {**current, "events": [*current.get("events", []), {"at": _stamp(_now()), **event}]}
-        document = {**document, "current": current}
+        document = {**self._document, "current": current}
         if finished is not None:
-            document["history"] = [*document.get("history", []), finished]
-        self.backend.store.save(document, token)
+            # Older outcomes live on in their reports; the state document stays small (a ConfigMap holds 1 MiB).
+            document["history"] = [*document.get("history", []), finished][-self.history_limit:]
+        self._token = self.backend.store.save(document, self._token)
+        self._document = document
         self._current = current
 
     def _advance(self, state: dict[str, Any], phase: str, message: str, **changes: Any) -> dict[str, Any]:
@@ -92,20 +136,23 @@ class Controller:
 
     # Commands
 
-    def start(self, candidate: int, wait_retain: bool = True, retry: bool = False) -> dict[str, Any]:
-        """Starts a rollout of `candidate`, or resumes the one in progress for it; returns the finished record.
+    def start(self, candidate: int, wait_retain: bool = True, retry: bool = False,
+              allow_downgrade: bool = False) -> dict[str, Any]:
+        """Starts a rollout of `candidate`, or resumes the one in progress for it; returns the finished record (or the
+        state, when it pauses or leaves the previous version loaded).
 
         Run again after the rollout of `candidate` finished (a controller killed just after recording the outcome
         is started again with the same command), it returns that outcome and does nothing; `retry` starts a new
         rollout of a version whose last one was rolled back."""
-        with self.backend.store.exclusive():
-            document = self.document()
+        with self._exclusive():
+            document = self._read()
             current = document.get("current")
             last = (document.get("history") or [None])[-1]
             if current is None and last is not None and last["candidate"] == candidate and not retry:
                 advice = "; pass --retry to roll it out again" if last["outcome"] == "rolled_back" else ""
                 self.log(f"the rollout of version {candidate} already finished at {last['finished_at']}: "
                          f"{last['outcome']}{advice}")
+                self._write_report(last, only_if_missing=True)
                 return last
             if current is not None and current["candidate"] != candidate:
                 if current["phase"] != "retain":
@@ -117,15 +164,21 @@ class Controller:
                 self._run(current, retire_now=True)
                 current = None
             if current is None:
-                current = self._new(candidate)
+                current = self._new(candidate, allow_downgrade)
             else:
                 self.log(f"resuming the rollout of version {candidate} at phase {current['phase']}")
-            return self._run(current, wait_retain=wait_retain)
+                if current.get("paused"):
+                    resumed = {k: v for k, v in current.items() if k != "paused"}
+                    current = self._advance(resumed, current["phase"], "resuming the paused rollout: verifying "
+                                            "again", inconclusive=0)
+            state = self._run(current)
+        return self._after_retain(state, wait_retain)
 
     def promote(self, wait_retain: bool = True) -> dict[str, Any]:
         """Promotes the current candidate now (skipping the remaining steps), or, once promoted, retires the
         previous version without waiting out its keep time."""
-        with self.backend.store.exclusive():
+        with self._exclusive():
+            self._read()
             current = self._require_current()
             if current["phase"] in ROLLBACK_PHASES:
                 raise RolloutError(f"the rollout of version {current['candidate']} is rolling back; it cannot be "
@@ -133,27 +186,56 @@ class Controller:
             if current["phase"] == "retain":
                 return self._run(current, retire_now=True)
             if current["phase"] in ("load", "label", "verify"):
-                current = self._advance(current, "promote_load", f"promotion of version {current['candidate']} "
+                changes = {k: v for k, v in current.items() if k != "paused"}
+                current = self._advance(changes, "promote_load", f"promotion of version {current['candidate']} "
                                         "asked for by hand: skipping the remaining steps", manual=True)
-            return self._run(current, wait_retain=wait_retain)
+            state = self._run(current)
+        return self._after_retain(state, wait_retain)
 
     def rollback(self, reason: str = "asked for by hand") -> dict[str, Any]:
         """Rolls the current rollout back: before promotion all traffic returns to stable and the canary is removed;
         after promotion (while the previous version is kept) the previous version becomes stable again."""
-        with self.backend.store.exclusive():
+        with self._exclusive():
+            self._read()
             current = self._require_current()
             if current["phase"] not in ROLLBACK_PHASES:
                 current = self._begin_rollback(current, reason)
             return self._run(current)
 
+    def _after_retain(self, state: dict[str, Any], wait: bool) -> dict[str, Any]:
+        """Waits out the kept previous version without holding the lock (a rollback may come meanwhile), then retires
+        it under the lock again; returns the finished record, or the state when not waiting."""
+        if state.get("phase") != "retain":
+            return state
+        remaining = state["retain_until"] - _now()
+        if not wait:
+            self.log(f"version {state['stable']} stays loaded for {max(0.0, remaining):.0f}s more; the next rollout "
+                     "command after that retires it")
+            return state
+        self.log(f"keeping version {state['stable']} loaded for {max(0.0, remaining):.0f}s (mlops rollout rollback "
+                 "reverts instantly meanwhile)")
+        while (remaining := state["retain_until"] - _now()) > 0:
+            self.sleep(min(self.poll_s, remaining))
+            self._changed_meanwhile(state)
+        with self._exclusive():
+            self._read()
+            self._changed_meanwhile(state)
+            return self._run(self._document["current"], retire_now=True)
+
+    def _changed_meanwhile(self, state: dict[str, Any]) -> None:
+        latest = self.document().get("current")
+        if latest is None or latest.get("id") != state["id"] or latest["phase"] != "retain":
+            raise RolloutError("the rollout state changed while waiting (another command rolled it back); "
+                               "see `mlops rollout status`.")
+
     def _require_current(self) -> dict[str, Any]:
-        current = self.document().get("current")
+        current = self._document.get("current")
         if current is None:
             raise RolloutError(f"no rollout of {self.model!r} is in progress; start one with "
                                "`mlops rollout start --version V`.")
         return current
 
-    def _new(self, candidate: int) -> dict[str, Any]:
+    def _new(self, candidate: int, allow_downgrade: bool) -> dict[str, Any]:
         _, labels = self.backend.track_config(self.model, STABLE)
         stable = labels.get(STABLE)
         if stable is None:
@@ -161,6 +243,10 @@ class Controller:
                                "published version serves as stable).")
         if candidate == stable:
             raise RolloutError(f"version {candidate} is already the stable version of {self.model!r}.")
+        if candidate < stable and not allow_downgrade:
+            raise RolloutError(f"version {candidate} is older than the stable version {stable} of {self.model!r}; pass "
+                               "--allow-downgrade to roll it back in (while both are loaded, unversioned requests go "
+                               "to the higher version).")
         self.backend.check_version(self.model, candidate)
         state = {"id": uuid.uuid4().hex[:12], "model": self.model, "backend": self.backend.name,
                  "stable": stable, "candidate": candidate, "steps": self.steps, "step": 0, "phase": "load",
@@ -173,14 +259,17 @@ class Controller:
 
     # The state machine
 
-    def _run(self, state: dict[str, Any], wait_retain: bool = True, retire_now: bool = False) -> dict[str, Any]:
+    def _run(self, state: dict[str, Any], retire_now: bool = False) -> dict[str, Any]:
         while True:
+            self._fence()
             phase = state["phase"]
             if phase == "retain":
-                return self._retain(state, wait_retain, retire_now) or state
+                return self._retain(state, retire_now)
             if phase == "rollback_canary_label":
                 return self._rollback_canary_label(state)
             state = getattr(self, f"_{phase}")(state)
+            if state.get("paused"):
+                return state
 
     def _load(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
@@ -216,23 +305,41 @@ class Controller:
         views = self.backend.version_views(self.model, CANARY, C)
         not_available = [v for v in views if v.state != "AVAILABLE"]
         figures: dict[str, Any] = {"weight": weight, "canary_servers": len(views)}
-        if not_available:
+        inconclusive = None
+        if not views:
+            figures["error"] = "no canary server is running"
+        elif not_available:
             figures["error"] = "candidate not AVAILABLE: " + ", ".join(f"{v.server} {v.state} {v.error}".strip()
                                                                       for v in not_available)
         else:
             figures["golden"] = verifier.golden(s["stable"], C)
             figures["error"] = figures["golden"].get("error")
             if not figures["error"]:
-                figures["window"] = verifier.window(C)
+                figures["window"] = verifier.window(C, weight)
                 figures["error"] = figures["window"].get("error")
+                inconclusive = figures["window"].get("inconclusive")
         self.log(f"verification at {weight}% canary traffic: {describe_figures(figures)}")
         if figures["error"]:
             return self._begin_rollback(s, f"verification at {weight}% failed: {figures['error']}", figures=figures)
         figures.pop("error")
+        if inconclusive is not None:
+            count = s.get("inconclusive", 0) + 1
+            if count < self.max_inconclusive:
+                return self._advance(s, "verify", f"the window at {weight}% is inconclusive ({count} of "
+                                     f"{self.max_inconclusive} in a row): {inconclusive}; verifying again",
+                                     inconclusive=count, figures=figures)
+            why = f"{count} inconclusive windows in a row at {weight}%: {inconclusive}"
+            if self.on_inconclusive == "pause":
+                return self._advance(s, "verify", f"PAUSED at {weight}% canary traffic ({why}); fix what keeps the "
+                                     f"figures from being trusted, then run `mlops rollout start --version {C}` to "
+                                     "verify again, or `mlops rollout rollback`", inconclusive=0, paused=why,
+                                     figures=figures)
+            return self._begin_rollback(s, why, figures=figures)
         if step < len(self.steps):
             return self._advance(s, "verify", f"verified at {weight}%; the canary's share of the traffic moves to "
-                                 f"{self.steps[step]}%", step=step + 1, figures=figures)
-        return self._advance(s, "promote_load", f"verified at {weight}%: promoting version {C}", figures=figures)
+                                 f"{self.steps[step]}%", step=step + 1, inconclusive=0, figures=figures)
+        return self._advance(s, "promote_load", f"verified at {weight}%: promoting version {C}", inconclusive=0,
+                             figures=figures)
 
     def _promote_load(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
@@ -240,8 +347,7 @@ class Controller:
         try:
             self._wait_loaded(STABLE, C)
         except WaitFailed as e:
-            return self._begin_rollback(s, f"version {C} did not load on the stable servers: {e}",
-                                        phase="revert_unload")
+            return self._begin_rollback(s, f"version {C} did not load on the stable servers: {e}")
         return self._advance(s, "promote_label", f"version {C} is AVAILABLE on every stable server")
 
     def _promote_label(self, s: dict[str, Any]) -> dict[str, Any]:
@@ -257,34 +363,27 @@ class Controller:
                              f"{s['stable']} stays loaded until {_stamp(until)} for an instant rollback",
                              retain_until=until)
 
-    def _retain(self, s: dict[str, Any], wait: bool, retire_now: bool) -> dict[str, Any] | None:
-        remaining = s["retain_until"] - _now()
-        if remaining > 0 and not retire_now:
-            if not wait:
-                self.log(f"version {s['stable']} stays loaded for {remaining:.0f}s more; the next rollout command "
-                         "after that retires it")
-                return None
-            self.log(f"keeping version {s['stable']} loaded for {remaining:.0f}s (mlops rollout rollback reverts "
-                     "instantly meanwhile)")
-            while (remaining := s["retain_until"] - _now()) > 0:
-                self.sleep(min(self.poll_s, remaining))
-                latest = self.document().get("current")
-                if latest is None or latest.get("id") != s["id"] or latest["phase"] != "retain":
-                    raise RolloutError("the rollout state changed while waiting (another command rolled it back); "
-                                       "see `mlops rollout status`.")
+    def _retain(self, s: dict[str, Any], retire_now: bool) -> dict[str, Any]:
+        """Retires the previous version once its keep time is over (or now); else returns the state unchanged."""
+        if s["retain_until"] > _now() and not retire_now:
+            return s
         C = s["candidate"]
         self.backend.set_track(self.model, STABLE, [C], {STABLE: C})
-        return self._finish(s, "promoted", f"version {C} is stable; version {s['stable']} unloaded")
+        return self._finish(s, "promoted")
 
-    def _begin_rollback(self, s: dict[str, Any], reason: str, phase: str | None = None,
-                        figures: dict[str, Any] | None = None) -> dict[str, Any]:
-        if phase is None:
-            phase = "revert_label" if s["phase"] == "retain" else "rollback_route"
+    def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
+        # Where the rollback starts follows what the backend shows, not the phase alone: a controller stopped right
+        # after writing a promotion phase's config left the candidate on the stable track before recording it.
+        stable_versions, stable_labels = self.backend.track_config(self.model, STABLE)
+        C = s["candidate"]
+        on_stable = s["phase"] in PROMOTION_PHASES or C in stable_versions or stable_labels.get(STABLE) == C
+        phase = "revert_label" if on_stable else "rollback_route"
         _, canary_labels = self.backend.track_config(self.model, CANARY)
         changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
         if figures is not None:
             changes["figures"] = figures
-        return self._advance(s, phase, f"ROLLING BACK version {s['candidate']}: {reason}", **changes)
+        state = {k: v for k, v in s.items() if k != "paused"}
+        return self._advance(state, phase, f"ROLLING BACK version {C}: {reason}", **changes)
 
     def _revert_label(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
@@ -317,20 +416,48 @@ class Controller:
         S = s["stable"]
         self.backend.set_track(self.model, CANARY, [S], {CANARY: S})
         self._wait_label(CANARY, S, must=True)
-        return self._finish(s, "rolled_back", f"rolled back: version {S} serves everything, version "
-                            f"{s['candidate']} is unloaded ({s.get('reason', '')})")
+        return self._finish(s, "rolled_back")
 
-    def _finish(self, s: dict[str, Any], outcome: str, message: str) -> dict[str, Any]:
-        record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()),
+    def served_state(self) -> dict[str, Any]:
+        """What the backend serves now: each track's versions and labels, and the canary's share of the traffic."""
+        state: dict[str, Any] = {}
+        for track in (STABLE, CANARY):
+            versions, labels = self.backend.track_config(self.model, track)
+            state[track] = {"versions": versions, "labels": labels}
+        state["canary_weight"] = self.backend.canary_weight()
+        return state
+
+    def _finish(self, s: dict[str, Any], outcome: str) -> dict[str, Any]:
+        version = s["candidate"] if outcome == "promoted" else s["stable"]
+        served = self.served_state()
+        wanted = {STABLE: {"versions": [version], "labels": {STABLE: version}},
+                  CANARY: {"versions": [version], "labels": {CANARY: version}}, "canary_weight": 0}
+        if served != wanted:
+            raise RolloutError(f"the backend does not show the {outcome.replace('_', ' ')} state "
+                               f"({describe_served(served)}; wanted {describe_served(wanted)}); fix the servers and "
+                               "run the same command again to resume.")
+        message = f"{outcome.replace('_', ' ')}: {describe_served(served)}"
+        if outcome == "rolled_back":
+            message += f" ({s.get('reason', '')})"
+        record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()), "served": served,
                   "events": [*s.get("events", []), {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
                                                     "message": message}]}
-        # The page before the commit: a controller killed in between writes it again, from the record it commits.
-        page = write_report(self.report_dir, record) if self.report_dir is not None else None
         self._commit(None, finished=record)
         self.log(message)
-        if page is not None:
-            self.log(f"report: {page}")
+        self._write_report(record)
         return record
+
+    def _write_report(self, record: dict[str, Any], only_if_missing: bool = False) -> None:
+        """The page after the final commit: what it shows is recorded; a controller stopped in between writes it when
+        the same command runs again."""
+        if self.report_dir is None:
+            return
+        if only_if_missing:
+            import tensorflow as tf
+
+            if tf.io.gfile.exists(report_paths(self.report_dir, record)[1]):
+                return
+        self.log(f"report: {write_report(self.report_dir, record)}")
 
     # Waiting for the servers
 
@@ -373,6 +500,15 @@ class Controller:
         self._wait(condition, must)
 
 
+def describe_served(served: dict[str, Any]) -> str:
+    """One sentence part: what each track serves and the canary's traffic share, as read back."""
+    tracks = []
+    for track in (STABLE, CANARY):
+        labels = ", ".join(f"{k} -> {v}" for k, v in sorted(served[track]["labels"].items())) or "no label"
+        tracks.append(f"the {track} track serves {served[track]['versions']} ({labels})")
+    return f"{' and '.join(tracks)}, {served['canary_weight']}% of the traffic on the canary"
+
+
 def describe_figures(figures: dict[str, Any]) -> str:
     parts = []
     golden = figures.get("golden")
@@ -380,11 +516,21 @@ def describe_figures(figures: dict[str, Any]) -> str:
         parts.append(f"golden {golden['rows']} rows max|diff| REST {golden['rest_max_abs_diff']:.2e} gRPC "
                      f"{golden['grpc_max_abs_diff']:.2e}")
     window = figures.get("window")
-    if window:
-        parts.append(f"window {window['seconds']}s ({window['source']}) {window['requests']:.0f} requests, "
-                     f"error rate {window['error_rate']:.4f}, p99 {window['p99_ms']:.1f} ms")
+    if window and "requests" in window:
+        text = (f"window {window['seconds']}s ({window['source']}) {window['requests']:.0f} requests, error rate "
+                f"{window['error_rate']:.4f}, p99 {window['p99_ms']:.1f} ms")
+        stable = window.get("stable")
+        if stable and "requests" in stable:
+            text += (f"; stable {stable['requests']:.0f} requests, error rate {stable['error_rate']:.4f}, p99 "
+                     f"{stable['p99_ms']:.1f} ms")
+        share = window.get("share") or {}
+        if share.get("checked"):
+            text += f"; canary share {share['observed']:.1%} of {share['user_requests']:.0f} user requests"
+        parts.append(text)
     if figures.get("error"):
         parts.append(f"FAILED: {figures['error']}")
+    elif window and window.get("inconclusive"):
+        parts.append(f"INCONCLUSIVE: {window['inconclusive']}")
     else:
         parts.append("passed")
     return "; ".join(parts)

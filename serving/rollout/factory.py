@@ -38,16 +38,19 @@ def build_backend(config) -> Backend:
 
     if rollout.backend == "kubernetes":
         return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
-                                      rollout.request_timeout_seconds, metrics=metrics)
+                                      rollout.request_timeout_seconds,
+                                      lease_duration_s=rollout.lease_duration_seconds, metrics=metrics)
     return kube.KubeDLBackend(rollout.kubedl, config.model_name, _endpoints(rollout.kubedl),
-                              rollout.request_timeout_seconds, metrics=metrics)
+                              rollout.request_timeout_seconds, lease_duration_s=rollout.lease_duration_seconds,
+                              metrics=metrics)
 
 
 def build_controller(config, backend: Backend | None = None, log: Callable[[str], None] = print) -> Controller:
     rollout = config.rollout
     backend = backend or build_backend(config)
     limits = Limits(rollout.max_abs_diff, rollout.max_error_rate, rollout.max_p99_ms, rollout.window_seconds,
-                    rollout.window_requests_per_second, rollout.request_timeout_seconds)
+                    rollout.window_requests_per_second, rollout.request_timeout_seconds,
+                    rollout.max_error_rate_increase, rollout.max_p99_ratio, rollout.share_tolerance_sigmas)
 
     def verifier() -> Verifier:
         rows = load_golden_rows(rollout.golden_data, config.pipeline_root, rollout.golden_rows)
@@ -58,12 +61,14 @@ def build_controller(config, backend: Backend | None = None, log: Callable[[str]
 
     return Controller(backend, config.model_name, rollout.steps, verifier, rollout.load_timeout_seconds,
                       rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped,
-                      report_dir=report_dir(config), limits=dataclasses.asdict(limits))
+                      report_dir=report_dir(config), limits=dataclasses.asdict(limits),
+                      max_inconclusive=rollout.max_inconclusive_windows, on_inconclusive=rollout.on_inconclusive,
+                      history_limit=rollout.history_limit, lease_wait_s=rollout.lease_wait_seconds)
 
 
-def report_dir(config) -> Path:
+def report_dir(config) -> str:
     """Where finished rollouts land as JSON and HTML: beside the local state file, else under the output root (the
-    cluster backends keep their state in a ConfigMap)."""
+    cluster backends keep their state in a ConfigMap); any folder or URI tf.io.gfile serves."""
     if config.rollout.backend == "local":
-        return Path(config.serving_base_dir) / ".rollouts"
-    return Path(config.output_root) / "rollouts"
+        return str(Path(config.serving_base_dir) / ".rollouts")
+    return f"{str(config.output_root).rstrip('/')}/rollouts"

@@ -5,8 +5,15 @@ come from Prometheus (serving/rollout/prometheus.py). Every update carries the r
 means someone changed the object meanwhile, so the change is made again on a fresh read."""
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
-from collections.abc import Callable
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
@@ -15,7 +22,14 @@ from kubernetes.client.rest import ApiException
 from serving.model_repository import parse_model_server_config
 from serving.rollout.backends import Backend, BackendError, Endpoint, ServerView
 from serving.rollout.metrics import MetricsSource
-from serving.rollout.state import EMPTY, StateConflictError, StateStore
+from serving.rollout.state import (
+    EMPTY,
+    ControllerBusyError,
+    Holding,
+    StateConflictError,
+    StateStore,
+    busy_message,
+)
 
 CONFIG_KEY = "models.config"
 GATEWAY = ("gateway.networking.k8s.io", "v1")
@@ -53,10 +67,16 @@ def update_with_retries(read: Callable[[], Any], change: Callable[[Any], bool], 
 
 
 class ConfigMapStateStore(StateStore):
-    """The rollout state as key `<model>.json` of a ConfigMap; the token is its resourceVersion."""
+    """The rollout state as key `<model>.json` of a ConfigMap. The token is the document's own revision, so a
+    rollout of another model (another key of the same ConfigMap) is no conflict; every write carries the ConfigMap's
+    resourceVersion, and a 409 Conflict re-reads and checks the revision again. The controller's lock is a Lease."""
 
-    def __init__(self, core: client.CoreV1Api, namespace: str, name: str, model: str) -> None:
+    def __init__(self, core: client.CoreV1Api, namespace: str, name: str, model: str,
+                 coordination: client.CoordinationV1Api | None = None, lease_duration_s: float = 30.0) -> None:
         self.core, self.namespace, self.name, self.key = core, namespace, name, f"{model}.json"
+        self.coordination = coordination
+        self.lease_name = f"{name}-{model}".lower().replace("_", "-")
+        self.lease_duration_s = lease_duration_s
 
     def _read(self):
         try:
@@ -67,33 +87,173 @@ class ConfigMapStateStore(StateStore):
             raise BackendError(f"reading ConfigMap {self.namespace}/{self.name} failed: {e.status} "
                                f"{e.reason}") from None
 
+    def _document(self, config_map) -> dict[str, Any]:
+        text = ((config_map.data or {}).get(self.key) if config_map is not None else None)
+        return json.loads(text) if text else json.loads(json.dumps(EMPTY))
+
     def load(self) -> tuple[dict[str, Any], str]:
-        config_map = self._read()
-        if config_map is None:
-            return json.loads(json.dumps(EMPTY)), ""
-        text = (config_map.data or {}).get(self.key)
-        return (json.loads(text) if text else json.loads(json.dumps(EMPTY))), config_map.metadata.resource_version
+        document = self._document(self._read())
+        return document, str(document.get("revision", 0))
 
     def save(self, document: dict[str, Any], token: str) -> str:
-        text = json.dumps(document, sort_keys=True)
-        try:
-            if not token:
-                created = self.core.create_namespaced_config_map(self.namespace, client.V1ConfigMap(
-                    metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), data={self.key: text}))
-                return created.metadata.resource_version
+        revision = int(token) + 1
+        text = json.dumps({**document, "revision": revision}, sort_keys=True)
+        for _ in range(CONFLICT_RETRIES):
             config_map = self._read()
-            if config_map is None or config_map.metadata.resource_version != token:
-                raise StateConflictError(f"the rollout state in ConfigMap {self.namespace}/{self.name} changed; "
-                                         "another controller is running.")
-            config_map.data = {**(config_map.data or {}), self.key: text}
-            return self.core.replace_namespaced_config_map(self.name, self.namespace,
-                                                           config_map).metadata.resource_version
+            stored = str(self._document(config_map).get("revision", 0))
+            if stored != token:
+                raise StateConflictError(f"the rollout state in ConfigMap {self.namespace}/{self.name} changed "
+                                         f"(revision {stored}, expected {token}); another controller is running.")
+            try:
+                if config_map is None:
+                    self.core.create_namespaced_config_map(self.namespace, client.V1ConfigMap(
+                        metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), data={self.key: text}))
+                else:
+                    config_map.data = {**(config_map.data or {}), self.key: text}
+                    self.core.replace_namespaced_config_map(self.name, self.namespace, config_map)
+                return str(revision)
+            except ApiException as e:
+                if e.status != 409:  # 409: AlreadyExists on create, Conflict on replace; read again
+                    raise BackendError(f"writing ConfigMap {self.namespace}/{self.name} failed: {e.status} "
+                                       f"{e.reason}") from None
+        raise StateConflictError(f"writing ConfigMap {self.namespace}/{self.name} kept conflicting with other writers "
+                                 f"({CONFLICT_RETRIES} tries); try again.")
+
+    @contextlib.contextmanager
+    def exclusive(self, wait_s: float = 0.0) -> Iterator[Holding]:
+        if self.coordination is None:
+            raise BackendError("the Kubernetes state store needs the coordination.k8s.io API for its Lease.")
+        lease = Lease(self.coordination, self.namespace, self.lease_name, self.lease_duration_s)
+        holding = lease.acquire(wait_s)
+        try:
+            yield holding
+        finally:
+            lease.release()
+
+
+def _parse_time(value: Any) -> datetime.datetime | None:
+    if value is None or isinstance(value, datetime.datetime):
+        return value
+    return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+class Lease:
+    """A coordination.k8s.io/v1 Lease held by one controller, as client-go's leader election holds one
+    (k8s.io/client-go v0.30.0, tools/leaderelection/leaderelection.go, tryAcquireOrRenew, and resourcelock/
+    leaselock.go): created when missing; taken over only once `renewTime + leaseDurationSeconds` has passed
+    (leaseTransitions + 1); renewed every third of its duration by updating renewTime with the resourceVersion read;
+    released by emptying holderIdentity. A renewal that finds another holder, or that fails for longer than the
+    duration, marks the holding lost: the controller then stops before its next write."""
+
+    def __init__(self, api: client.CoordinationV1Api, namespace: str, name: str, duration_s: float,
+                 clock: Callable[[], datetime.datetime] | None = None) -> None:
+        self.api, self.namespace, self.name = api, namespace, name
+        self.duration_s = max(1, round(duration_s))
+        self.identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
+        self.holding = Holding()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held: Any = None
+
+    def _spec(self, acquire_time: datetime.datetime, transitions: int) -> client.V1LeaseSpec:
+        return client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.duration_s,
+                                  acquire_time=acquire_time, renew_time=self.clock(), lease_transitions=transitions)
+
+    def _try_acquire(self) -> tuple[bool, str, float]:
+        """(acquired, holder, seconds held) for one attempt."""
+        now = self.clock()
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise BackendError(f"reading Lease {self.namespace}/{self.name} failed: {e.status} "
+                                   f"{e.reason}") from None
+            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                                  spec=self._spec(now, 0))
+            try:
+                self._held = self.api.create_namespaced_lease(self.namespace, body)
+                return True, self.identity, 0.0
+            except ApiException as e:
+                if e.status == 409:  # created by another controller meanwhile
+                    return False, "another controller", 0.0
+                raise BackendError(f"creating Lease {self.namespace}/{self.name} failed: {e.status} "
+                                   f"{e.reason}") from None
+        spec = lease.spec
+        renewed = _parse_time(spec.renew_time)
+        duration = spec.lease_duration_seconds or self.duration_s
+        held_by_other = bool(spec.holder_identity) and spec.holder_identity != self.identity
+        if held_by_other and renewed is not None and (now - renewed).total_seconds() < duration:
+            acquired = _parse_time(spec.acquire_time) or renewed
+            return False, f"{spec.holder_identity}, renewed {(now - renewed).total_seconds():.0f}s ago", (
+                now - acquired).total_seconds()
+        lease.spec = self._spec(now, (spec.lease_transitions or 0) + (1 if held_by_other else 0))
+        try:
+            self._held = self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            return True, self.identity, 0.0
         except ApiException as e:
             if e.status == 409:
-                raise StateConflictError(f"the rollout state in ConfigMap {self.namespace}/{self.name} changed "
-                                         "meanwhile (409 Conflict); another controller is running.") from None
-            raise BackendError(f"writing ConfigMap {self.namespace}/{self.name} failed: {e.status} "
-                               f"{e.reason}") from None
+                return False, "another controller", 0.0
+            raise BackendError(f"taking Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
+
+    def acquire(self, wait_s: float) -> Holding:
+        deadline = time.monotonic() + wait_s
+        while True:
+            acquired, holder, held_s = self._try_acquire()
+            if acquired:
+                break
+            if time.monotonic() >= deadline:
+                raise ControllerBusyError(busy_message(f"Lease {self.namespace}/{self.name}: {holder}", held_s,
+                                                       wait_s))
+            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+        return self.holding
+
+    def renew(self) -> None:
+        """One renewal; marks the holding lost when another controller holds the Lease now."""
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as e:
+            raise BackendError(f"reading Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
+        if lease.spec.holder_identity != self.identity:
+            self.holding.lost = f"Lease {self.namespace}/{self.name} is held by {lease.spec.holder_identity} now"
+            return
+        lease.spec.renew_time = self.clock()
+        try:
+            self._held = self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException as e:
+            if e.status == 409:
+                self.holding.lost = f"Lease {self.namespace}/{self.name} was changed by another controller"
+                return
+            raise BackendError(f"renewing Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
+
+    def _renew_loop(self) -> None:
+        last_renewal = time.monotonic()
+        while not self._stop.wait(self.duration_s / 3.0) and not self.holding.lost:
+            try:
+                self.renew()
+                last_renewal = time.monotonic()
+            except (BackendError, OSError) as e:
+                if time.monotonic() - last_renewal > self.duration_s:
+                    self.holding.lost = f"Lease {self.namespace}/{self.name} could not be renewed for " \
+                                        f"{self.duration_s}s ({e})"
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.holding.lost:
+            return
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = ""
+                lease.spec.lease_duration_seconds = 1
+                lease.spec.renew_time = self.clock()
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException:
+            pass  # the Lease then expires after its duration by itself
 
 
 class _PodsMixin:
@@ -102,8 +262,12 @@ class _PodsMixin:
     rest_port: int
 
     def _pods(self, selector: str) -> list[str]:
+        """The Ready pods that are not terminating: the ones a Service sends traffic to (EndpointSlice readiness,
+        kubernetes v1.30 pkg/controller/endpointslice/reconciler.go, podutil.IsPodReady and DeletionTimestamp)."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        return sorted(p.metadata.name for p in pods if p.status and p.status.phase == "Running")
+        return sorted(p.metadata.name for p in pods if p.status and p.status.phase == "Running"
+                      and p.metadata.deletion_timestamp is None
+                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
 
     def _proxy_get(self, pod: str, path: str) -> tuple[int, str]:
         """GET on the pod's REST port through the API server's pod proxy: (status, body)."""
@@ -151,7 +315,8 @@ class KubernetesBackend(_PodsMixin, Backend):
     name = "kubernetes"
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
-                 api: client.ApiClient | None = None, metrics: MetricsSource | None = None) -> None:
+                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
+                 metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -159,10 +324,11 @@ class KubernetesBackend(_PodsMixin, Backend):
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
         self.timeout_s = timeout_s
+        store = ConfigMapStateStore(self.core, self.namespace, settings.state_config_map, model,
+                                    client.CoordinationV1Api(api), lease_duration_s)
         # The pods' TF Serving metrics come from Prometheus (rollout.prometheus), never through the API server's pod
         # proxy, which the NetworkPolicy of k8s/serving blocks on a multi-node cluster.
-        super().__init__(ConfigMapStateStore(self.core, self.namespace, settings.state_config_map, model), endpoints,
-                         metrics)
+        super().__init__(store, endpoints, metrics)
 
     def _config_map_name(self, track: str) -> str:
         return {"stable": self.settings.stable_config_map, "canary": self.settings.canary_config_map}[track]
@@ -287,7 +453,8 @@ class KubeDLBackend(_PodsMixin, Backend):
     MODEL_VERSIONS = ("model.kubedl.io", "v1alpha1", "modelversions")
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
-                 api: client.ApiClient | None = None, metrics: MetricsSource | None = None) -> None:
+                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
+                 metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -295,8 +462,9 @@ class KubeDLBackend(_PodsMixin, Backend):
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
         self.timeout_s = timeout_s
-        super().__init__(ConfigMapStateStore(self.core, self.namespace, f"{settings.inference}-rollout", model),
-                         endpoints, metrics)
+        store = ConfigMapStateStore(self.core, self.namespace, f"{settings.inference}-rollout", model,
+                                    client.CoordinationV1Api(api), lease_duration_s)
+        super().__init__(store, endpoints, metrics)
 
     def _inference(self) -> dict[str, Any]:
         group, version, plural = self.GROUP

@@ -22,6 +22,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 REQUEST_COUNT = ":tensorflow:serving:request_count"
 REQUEST_LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
@@ -80,29 +81,58 @@ def _add(total: dict, part: Mapping) -> None:
         total[key] = total.get(key, 0.0) + value
 
 
-def window_figures(before: Iterable[ModelCounters], after: Iterable[ModelCounters]) -> dict[str, float]:
-    """Requests, errors, error rate and p99 latency (ms, the upper bound of the bucket holding the 99th percentile)
-    of the requests counted between two scrapes of the same servers."""
-    requests_before: dict[str, float] = {}
-    requests_after: dict[str, float] = {}
-    buckets_before: dict[float, float] = {}
-    buckets_after: dict[float, float] = {}
-    for counters in before:
-        _add(requests_before, counters.requests)
-        _add(buckets_before, counters.latency_buckets)
-    for counters in after:
-        _add(requests_after, counters.requests)
-        _add(buckets_after, counters.latency_buckets)
-    delta = {status: requests_after[status] - requests_before.get(status, 0.0) for status in requests_after}
-    total = sum(delta.values())
-    errors = total - delta.get("OK", 0.0)
-    cumulative = sorted((bound, buckets_after[bound] - buckets_before.get(bound, 0.0)) for bound in buckets_after)
-    p99_ms = 0.0
-    if cumulative and cumulative[-1][1] > 0:
-        needed = 0.99 * cumulative[-1][1]
-        bound = next(b for b, count in cumulative if count >= needed)
-        p99_ms = math.inf if math.isinf(bound) else bound / 1000.0
-    return {"requests": total, "errors": errors, "error_rate": errors / total if total else 0.0, "p99_ms": p99_ms}
+def p99_ms(buckets: Mapping[float, float]) -> float:
+    """The upper bound (ms) of the latency bucket that holds the 99th percentile of cumulative counts by bound (µs);
+    0.0 for no request."""
+    cumulative = sorted(buckets.items())
+    if not cumulative or cumulative[-1][1] <= 0:
+        return 0.0
+    needed = 0.99 * cumulative[-1][1]
+    bound = next(b for b, count in cumulative if count >= needed)
+    return math.inf if math.isinf(bound) else bound / 1000.0
+
+
+def _delta(before: Mapping, after: Mapping) -> dict | None:
+    """after - before per key, or None when a counter went down (the server restarted: the delta is unknown)."""
+    delta = {}
+    for key in set(before) | set(after):
+        change = after.get(key, 0.0) - before.get(key, 0.0)
+        if change < 0:
+            return None
+        delta[key] = change
+    return delta
+
+
+def window_figures(before: Snapshot, after: Snapshot, track: str) -> dict[str, Any]:
+    """The requests one track's servers counted between two snapshots: requests, errors, error rate, successful
+    predictions, p99 latency (ms). `inconclusive` says why the figures cannot be trusted: a server not scraped, a
+    server that appeared or vanished, a counter that went down."""
+    was, now = before.counters.get(track, {}), after.counters.get(track, {})
+    figures: dict[str, Any] = {"servers": len(now), "requests": 0.0, "errors": 0.0, "error_rate": 0.0,
+                               "predictions": 0.0, "p99_ms": 0.0}
+    missing = sorted(set(before.missing.get(track, [])) | set(after.missing.get(track, [])))
+    if missing:
+        figures["inconclusive"] = f"no metrics from the {track} server(s) {', '.join(missing)} (failed scrape)"
+        return figures
+    if set(was) != set(now):
+        changed = sorted(set(was) ^ set(now))
+        figures["inconclusive"] = f"the {track} servers changed during the window ({', '.join(changed)})"
+        return figures
+    requests: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for server in sorted(now):
+        counted = _delta(was[server].requests, now[server].requests)
+        latency = _delta(was[server].latency_buckets, now[server].latency_buckets)
+        if counted is None or latency is None:
+            figures["inconclusive"] = f"the counters of {track} server {server} went down (it restarted)"
+            return figures
+        _add(requests, counted)
+        _add(buckets, latency)
+    total = sum(requests.values())
+    errors = total - requests.get("OK", 0.0)
+    figures.update(requests=total, errors=errors, error_rate=errors / total if total else 0.0,
+                   predictions=buckets.get(math.inf, 0.0), p99_ms=p99_ms(buckets))
+    return figures
 
 
 @dataclass(frozen=True)
@@ -115,6 +145,10 @@ class Snapshot:
     missing: dict[str, list[str]] = field(default_factory=dict)
 
 
+class MetricsError(RuntimeError):
+    """The metrics source could not be read; the window it was for is inconclusive."""
+
+
 class MetricsSource(ABC):
     """Where a verification window's figures come from: the servers' own TF Serving metrics, as a monitoring system
     scraped them (serving/rollout/prometheus.py). The same PromQL serves the local stack and Kubernetes."""
@@ -125,4 +159,4 @@ class MetricsSource(ABC):
     def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
         """The counters of `model` on every server of both tracks, as last scraped; with `fresh_after` (a
         time.time()), only samples scraped after that moment count, waiting up to the source's timeout for them (a
-        server without one is `missing`)."""
+        server without one is `missing`). Raises MetricsError when the source cannot be read."""

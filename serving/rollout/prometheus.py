@@ -126,13 +126,16 @@ class PrometheusSource(MetricsSource):
         return targets
 
     def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
-        # With fresh_after, wait (a few scrape intervals at most) until every target was scraped after that moment.
+        """Every server's counters from a scrape that started after `fresh_after`, or after this call without one: a
+        window's `before` then holds every request made before it (the verifier's golden requests), not only those
+        up to the last scrape. It waits a few scrape intervals at most; a server still without such a scrape is
+        `missing`."""
+        fresh_after = self.clock() if fresh_after is None else fresh_after
         deadline = self.clock() + 3 * self.scrape_interval_s + 1.0
         while True:
             now = self.clock()
             targets = self._targets(now)
-            stale = [key for key, (timestamp, _) in targets.items()
-                     if fresh_after is not None and timestamp <= fresh_after]
+            stale = [key for key, (timestamp, _) in targets.items() if timestamp <= fresh_after]
             if not stale or now >= deadline:
                 break
             self.sleep(min(self.scrape_interval_s / 4, max(0.0, deadline - now)))

@@ -20,20 +20,29 @@ th{background:#f3f3f3}.passed{color:#1a7f37}.failed{color:#cf222e}.num{text-alig
 h1 .promoted{color:#1a7f37}h1 .rolled_back{color:#cf222e}"""
 
 
-def report_paths(folder: str | Path, record: dict[str, Any]) -> tuple[Path, Path]:
-    stem = f"{record['model']}-v{record['candidate']}-{record['id']}"
-    return Path(folder) / f"{stem}.json", Path(folder) / f"{stem}.html"
+def report_paths(folder: str | Path, record: dict[str, Any]) -> tuple[str, str]:
+    """The record's JSON and page under `folder`: a local folder or any URI tf.io.gfile serves (gs://...)."""
+    stem = f"{str(folder).rstrip('/')}/{record['model']}-v{record['candidate']}-{record['id']}"
+    return f"{stem}.json", f"{stem}.html"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
+def _write_atomically(path: str, text: str) -> None:
+    if "://" not in path:
+        folder = Path(path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", dir=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return
+    import tensorflow as tf
+
+    # An object store writes an object whole: readers never see half of it.
+    with tf.io.gfile.GFile(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
-def write_report(folder: str | Path, record: dict[str, Any], metrics: Any = None) -> Path:
+def write_report(folder: str | Path, record: dict[str, Any], metrics: Any = None) -> str:
     """Writes `<model>-v<candidate>-<id>.json` and `.html` under `folder` (replacing them whole); returns the page.
     With `metrics` (a PrometheusSource: the backend's), the page charts the traffic Prometheus saw."""
     json_path, html_path = report_paths(folder, record)
@@ -217,7 +226,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
         for i, figures in enumerate(rows):
             golden, window = figures.get("golden") or {}, figures.get("window") or {}
             verdict = (f"<td class='failed'>FAILED: {_e(figures['error'])}</td>" if figures.get("error")
-                       else "<td class='passed'>passed</td>")
+                       else f"<td class='failed'>INCONCLUSIVE: {_e(window['inconclusive'])}</td>"
+                       if window.get("inconclusive") else "<td class='passed'>passed</td>")
             window_text = f"{window['seconds']}s ({window['source']})" if window else "-"
             cells = [i, f"{figures.get('weight', 0)}%", figures.get("canary_servers", "-"), golden.get("rows", "-"),
                      _number(golden.get("rest_max_abs_diff"), 6), _number(golden.get("grpc_max_abs_diff"), 6),

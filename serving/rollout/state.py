@@ -1,6 +1,8 @@
 """Where a rollout's state lives: not in the controller. One JSON document per model, {"current": the rollout in
-progress or null, "history": finished rollouts with their outcome and figures}, written as a whole with a version
-token so that a stale writer fails instead of overwriting (a file under a lock here, a ConfigMap on a cluster)."""
+progress or null, "history": finished rollouts with their outcome and figures, "revision": n}, written as a whole
+with the revision it was read at, so that a stale writer fails instead of overwriting (a file under a lock here, a
+ConfigMap on a cluster). A running controller also holds the store's lock (`exclusive`): a file lock here, a Lease
+on a cluster."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +10,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,13 @@ class StateConflictError(RuntimeError):
     """Someone else wrote the rollout state since it was read; read it again."""
 
 
+class Holding:
+    """What a controller holds while it runs; `lost` says why it no longer does (its lease was taken over)."""
+
+    def __init__(self) -> None:
+        self.lost = ""
+
+
 class StateStore(ABC):
     @abstractmethod
     def load(self) -> tuple[dict[str, Any], str]:
@@ -30,14 +40,21 @@ class StateStore(ABC):
         """Writes `document` if the stored revision is still `token`; returns the new token or raises
         StateConflictError."""
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Held by a running controller; a second one waits for nothing and fails (see LocalStateStore)."""
-        yield
+    @abstractmethod
+    def exclusive(self, wait_s: float = 0.0) -> contextlib.AbstractContextManager[Holding]:
+        """Held by a running controller for the whole command; a second one waits up to `wait_s` seconds, then
+        raises ControllerBusyError naming the holder and since when it holds the lock."""
 
 
 class ControllerBusyError(RuntimeError):
     """Another controller is running this model's rollout."""
+
+
+def busy_message(holder: str, held_s: float, waited_s: float) -> str:
+    waited = f" after waiting {waited_s:.0f}s" if waited_s > 0 else ""
+    return (f"another rollout controller ({holder}) has held this model's rollout for {held_s:.0f}s{waited}; wait "
+            "for it to finish or stop it, then run the command again (`--set rollout.lease_wait_seconds=N` waits up "
+            "to N seconds).")
 
 
 class LocalStateStore(StateStore):
@@ -75,21 +92,27 @@ class LocalStateStore(StateStore):
         return str(document["revision"])
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self, wait_s: float = 0.0) -> Iterator[Holding]:
         self.folder.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
         with open(self.lock_path, "a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip() or "another process"
-                raise ControllerBusyError(f"a rollout controller ({holder}) is already running for this model; wait "
-                                          "for it or stop it, then run the command again.") from None
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() < deadline:
+                        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                        continue
+                    lock.seek(0)
+                    holder, _, since = lock.read().strip().partition(" since ")
+                    held_s = time.time() - float(since) if since else 0.0
+                    raise ControllerBusyError(busy_message(holder or "another process", held_s, wait_s)) from None
             lock.seek(0)
             lock.truncate()
-            lock.write(f"pid {os.getpid()}")
+            lock.write(f"pid {os.getpid()} since {time.time():.3f}")
             lock.flush()
             try:
-                yield
+                yield Holding()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,5 +1,10 @@
 """The checks before each traffic step: golden requests (eval rows) answered by the candidate over REST and gRPC must
-agree with the stable version, and the candidate's error rate and p99 latency over a window must stay in bounds."""
+agree with the stable version on every row and output, and over a window the candidate's error rate and p99 latency
+must stay within absolute bounds and within bounds relative to stable's over the same window.
+
+A window decides only on figures it can trust. No request counted, a server missing from a scrape, a counter that went
+down, servers that counted fewer requests than the verifier had answered, or a canary share of the user traffic far
+from the step's weight make it inconclusive: never a pass (the controller retries, then rolls back or pauses)."""
 from __future__ import annotations
 
 import csv
@@ -12,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.rollout.backends import Backend
-from serving.rollout.metrics import window_figures
+from serving.rollout.backends import Backend, Endpoint
+from serving.rollout.metrics import MetricsError, Snapshot, window_figures
 
 
 class GoldenDataError(ValueError):
@@ -76,102 +81,223 @@ class Limits:
     window_seconds: float
     requests_per_second: float
     timeout_s: float
+    max_error_rate_increase: float = 0.005
+    max_p99_ratio: float = 2.0
+    share_tolerance_sigmas: float = 4.0
 
 
-def _max_diff(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> float:
-    """The largest difference between two answers' numbers (probabilities, or values) over every row."""
+# Below this many user predictions in a window the canary's share of them is not judged (nothing to count).
+MIN_SHARE_REQUESTS = 20
+PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
+
+
+def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]]) -> tuple[float, str]:
+    """The largest difference between two answers' numbers over every row and output, and what else differs (rows,
+    output names, non-numeric outputs such as class names); "" when nothing does."""
     from serving.client import numeric_values
 
-    return max((abs(x - y) for row_a, row_b in zip(a, b, strict=True)
-                for x, y in zip(numeric_values(row_a), numeric_values(row_b), strict=True)), default=0.0)
+    if len(answers) != len(reference):
+        return math.inf, f"{len(answers)} rows answered for {len(reference)} asked"
+    worst = 0.0
+    for index, (expected, got) in enumerate(zip(reference, answers, strict=True)):
+        if sorted(expected) != sorted(got):
+            return math.inf, f"row {index} has outputs {sorted(got)}, stable answers {sorted(expected)}"
+        for name in sorted(expected):
+            if numeric_values({name: expected[name]}) == [] and expected[name] != got[name]:
+                return math.inf, f"row {index} output {name!r} is {got[name]!r}, stable answers {expected[name]!r}"
+        a, b = numeric_values(expected), numeric_values(got)
+        if len(a) != len(b):
+            return math.inf, f"row {index} has {len(b)} numbers, stable answers {len(a)}"
+        worst = max([worst, *(abs(x - y) for x, y in zip(a, b, strict=True))])
+    return worst, ""
+
+
+def percentile_99(latencies_ms: list[float]) -> float:
+    """The nearest-rank 99th percentile; inf for no latency at all."""
+    if not latencies_ms:
+        return math.inf
+    ordered = sorted(latencies_ms)
+    return ordered[math.ceil(0.99 * len(ordered)) - 1]
+
+
+def share_check(canary: float, stable: float, weight: int, sigmas: float) -> dict[str, Any]:
+    """The canary's observed share of `canary + stable` user predictions against the step's weight, with a binomial
+    tolerance of `sigmas` standard deviations (at 0% or 100%, as if one request in n went the other way)."""
+    n = canary + stable
+    expected = weight / 100.0
+    figures: dict[str, Any] = {"user_requests": n, "expected": expected}
+    if n < MIN_SHARE_REQUESTS:
+        figures["checked"] = False
+        return figures
+    observed = canary / n
+    spread = math.sqrt(max(expected * (1.0 - expected), 1.0 / n) / n)
+    figures.update(checked=True, observed=observed, tolerance=sigmas * spread)
+    if abs(observed - expected) > sigmas * spread:
+        figures["inconclusive"] = (f"the canary got {observed:.1%} of {n:.0f} user requests at a {weight}% step "
+                                   f"(tolerance ±{sigmas * spread:.1%}): the route does not carry the step's weights")
+    return figures
 
 
 class Verifier:
     def __init__(self, backend: Backend, model: str, rows: list[dict[str, Any]], limits: Limits,
-                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> None:
+                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+                 clients: Callable[[Endpoint, int | None], tuple[Any, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self.model = model
         self.rows = rows
         self.limits = limits
         self.log = log
         self.sleep = sleep
+        # (REST client, gRPC client) for an endpoint and a number of retries (None: the clients' default); tests
+        # script them.
+        self.clients = clients or _serving_clients
+        self.clock = clock
 
     def _address(self, version: int) -> dict[str, Any]:
         # A KubeDL predictor serves one version under its own numbering: ask it for its model, unversioned.
         return {"version": version} if self.backend.supports_labels else {}
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
-        """Candidate vs stable on every golden row, over REST and over gRPC, on every canary server."""
-        from serving.client import GrpcClient, RestClient, ServingError
+        """Candidate vs stable on every golden row and output, over REST and over gRPC, on every canary server."""
+        from serving.client import ServingError
 
-        stable_endpoint = self.backend.endpoints("stable")[0]
         opts = {"timeout": self.limits.timeout_s, "drop_unknown_features": True}
         figures: dict[str, Any] = {"rows": len(self.rows), "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0,
                                    "rest_grpc_max_abs_diff": 0.0}
+        problems = []
         try:
-            with RestClient(stable_endpoint.rest) as rest:
+            rest, grpc = self.clients(self.backend.endpoints("stable")[0], None)
+            with rest, grpc:
                 reference = rest.predict_outputs(self.rows, self.model, **self._address(stable), **opts)
             for endpoint in self.backend.endpoints("canary"):
-                with RestClient(endpoint.rest) as rest, GrpcClient(endpoint.grpc) as grpc:
+                rest, grpc = self.clients(endpoint, None)
+                with rest, grpc:
                     by_rest = rest.predict_outputs(self.rows, self.model, **self._address(candidate), **opts)
                     by_grpc = grpc.predict_outputs(self.rows, self.model, **self._address(candidate), **opts)
-                figures["rest_max_abs_diff"] = max(figures["rest_max_abs_diff"], _max_diff(reference, by_rest))
-                figures["grpc_max_abs_diff"] = max(figures["grpc_max_abs_diff"], _max_diff(reference, by_grpc))
-                figures["rest_grpc_max_abs_diff"] = max(figures["rest_grpc_max_abs_diff"], _max_diff(by_rest, by_grpc))
+                for key, (a, b), transport in (("rest_max_abs_diff", (reference, by_rest), "REST"),
+                                               ("grpc_max_abs_diff", (reference, by_grpc), "gRPC"),
+                                               ("rest_grpc_max_abs_diff", (by_rest, by_grpc), "REST against gRPC")):
+                    diff, problem = compare_answers(a, b)
+                    figures[key] = max(figures[key], diff)
+                    if problem:
+                        problems.append(f"{transport} on {endpoint.rest}: {problem}")
         except (ServingError, OSError) as e:
             figures["error"] = f"golden requests failed: {e}"
             return figures
         worst = max(figures["rest_max_abs_diff"], figures["grpc_max_abs_diff"])
-        if worst > self.limits.max_abs_diff:
+        if problems:
+            figures["error"] = f"candidate {candidate} answers the golden rows unlike stable {stable}: {problems[0]}"
+        elif worst > self.limits.max_abs_diff:
             figures["error"] = (f"candidate {candidate} disagrees with stable {stable} on the golden rows: max |diff| "
                                 f"{worst:.6f} > rollout.max_abs_diff {self.limits.max_abs_diff}")
         return figures
 
-    def window(self, candidate: int) -> dict[str, Any]:
-        """The candidate watched for window_seconds while the verifier sends it golden rows (REST and gRPC in turn);
-        the figures come from the canary servers' metrics where the backend has them, else from these requests."""
-        from serving.client import GrpcClient, RestClient, ServingError
+    def _send(self, candidate: int) -> tuple[int, list[float]]:
+        """Golden rows to the canary servers for window_seconds (REST and gRPC in turn): (requests sent, latencies of
+        the ones answered, ms)."""
+        from serving.client import ServingError
 
-        metrics = self.backend.metrics
-        before = metrics.snapshot(self.model) if metrics is not None else None
-        endpoints = self.backend.endpoints("canary")
-        clients = [c for e in endpoints for c in (RestClient(e.rest, retries=0), GrpcClient(e.grpc, retries=0))]
+        # No retries: a failed request counts as failed.
+        pairs = [self.clients(e, 0) for e in self.backend.endpoints("canary")]
+        clients = [c for pair in pairs for c in pair]
         latencies: list[float] = []
-        errors = 0
         interval = 1.0 / self.limits.requests_per_second
-        deadline = time.monotonic() + self.limits.window_seconds
+        deadline = self.clock() + self.limits.window_seconds
         sent = 0
         try:
-            while sent == 0 or time.monotonic() < deadline:
+            while sent == 0 or self.clock() < deadline:
                 client = clients[sent % len(clients)]
                 row = self.rows[sent % len(self.rows)]
-                started = time.monotonic()
+                started = self.clock()
                 try:
                     client.predict_outputs(row, self.model, timeout=self.limits.timeout_s,
                                            drop_unknown_features=True, **self._address(candidate))
-                    latencies.append((time.monotonic() - started) * 1000.0)
+                    latencies.append((self.clock() - started) * 1000.0)
                 except (ServingError, OSError):
-                    errors += 1
+                    pass
                 sent += 1
-                self.sleep(max(0.0, interval - (time.monotonic() - started)))
+                self.sleep(max(0.0, interval - (self.clock() - started)))
         finally:
             for client in clients:
                 client.close()
-        after = metrics.snapshot(self.model, fresh_after=time.time()) if metrics is not None else None
-        if before is not None and after is not None:
-            figures = {"source": metrics.name, **window_figures(before.counters.get("canary", {}).values(),
-                                                                after.counters.get("canary", {}).values())}
+        return sent, latencies
+
+    def window(self, candidate: int, weight: int) -> dict[str, Any]:
+        """The candidate watched for window_seconds at `weight`% of the traffic while the verifier sends it golden rows;
+        the figures are the servers' own (the backend's metrics source), else the verifier's requests."""
+        metrics = self.backend.metrics
+        before: Snapshot | None = None
+        if metrics is not None:
+            try:
+                before = metrics.snapshot(self.model)
+            except MetricsError as e:
+                return {"source": metrics.name, "seconds": self.limits.window_seconds, "verdict": INCONCLUSIVE,
+                        "inconclusive": str(e)}
+        sent, latencies = self._send(candidate)
+        if metrics is None:
+            errors = sent - len(latencies)
+            figures: dict[str, Any] = {"source": "verifier", "requests": sent, "errors": errors,
+                                       "error_rate": errors / sent, "p99_ms": round(percentile_99(latencies), 3)}
         else:
-            latencies.sort()
-            p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)] if latencies else math.inf
-            figures = {"source": "verifier", "requests": sent, "errors": errors, "error_rate": errors / sent,
-                       "p99_ms": round(p99, 3)}
+            try:
+                after = metrics.snapshot(self.model, fresh_after=time.time())
+            except MetricsError as e:
+                return {"source": metrics.name, "seconds": self.limits.window_seconds, "verdict": INCONCLUSIVE,
+                        "inconclusive": str(e)}
+            figures = self._measured(metrics.name, before, after, sent, len(latencies), weight)
         figures["seconds"] = self.limits.window_seconds
-        if figures["requests"] == 0:
-            figures["error"] = "the window counted no request to the candidate"
-        elif figures["error_rate"] > self.limits.max_error_rate:
-            figures["error"] = (f"error rate {figures['error_rate']:.4f} > rollout.max_error_rate "
-                                f"{self.limits.max_error_rate}")
-        elif figures["p99_ms"] > self.limits.max_p99_ms:
-            figures["error"] = f"p99 latency {figures['p99_ms']:.1f} ms > rollout.max_p99_ms {self.limits.max_p99_ms}"
+        figures["verifier_requests"] = sent
+        return self._judge(figures)
+
+    def _measured(self, source: str, before: Snapshot, after: Snapshot, sent: int, answered: int,
+                  weight: int) -> dict[str, Any]:
+        canary = window_figures(before, after, "canary")
+        stable = window_figures(before, after, "stable")
+        figures: dict[str, Any] = {"source": source, **{k: canary[k] for k in ("requests", "errors", "error_rate",
+                                                                                 "p99_ms")},
+                                   "stable": stable}
+        reason = canary.get("inconclusive") or stable.get("inconclusive")
+        if reason is None and canary["predictions"] < answered:
+            reason = (f"the canary servers counted {canary['predictions']:.0f} predictions while the verifier had "
+                      f"{answered} answered: the metrics do not cover every canary server")
+        if reason is not None:
+            figures["inconclusive"] = reason
+        else:
+            # Every request counts toward the share, errors included: a canary that fails requests still got them.
+            figures["share"] = share_check(canary["requests"] - sent, stable["requests"], weight,
+                                           self.limits.share_tolerance_sigmas)
         return figures
+
+    def _judge(self, figures: dict[str, Any]) -> dict[str, Any]:
+        limits = self.limits
+        stable = figures.get("stable") or {}
+        if "inconclusive" in figures:
+            pass
+        elif figures["requests"] == 0:
+            figures["inconclusive"] = "the window counted no request to the candidate"
+        elif figures["error_rate"] > limits.max_error_rate:
+            figures["error"] = (f"error rate {figures['error_rate']:.4f} > rollout.max_error_rate "
+                                f"{limits.max_error_rate}")
+        elif figures["p99_ms"] > limits.max_p99_ms:
+            figures["error"] = f"p99 latency {figures['p99_ms']:.1f} ms > rollout.max_p99_ms {limits.max_p99_ms}"
+        elif stable.get("requests", 0) > 0 and (
+                figures["error_rate"] - stable["error_rate"] > limits.max_error_rate_increase):
+            figures["error"] = (f"error rate {figures['error_rate']:.4f} against stable's {stable['error_rate']:.4f} "
+                                f"in the same window > rollout.max_error_rate_increase "
+                                f"{limits.max_error_rate_increase}")
+        elif stable.get("predictions", 0) > 0 and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]:
+            figures["error"] = (f"p99 latency {figures['p99_ms']:.1f} ms against stable's {stable['p99_ms']:.1f} ms "
+                                f"in the same window > rollout.max_p99_ratio {limits.max_p99_ratio}x")
+        elif (figures.get("share") or {}).get("inconclusive"):
+            # Judged after the limits: a canary failing its limits fails, whatever share of the traffic it got.
+            figures["inconclusive"] = figures["share"]["inconclusive"]
+        figures["verdict"] = INCONCLUSIVE if "inconclusive" in figures else FAILED if "error" in figures else PASSED
+        return figures
+
+
+def _serving_clients(endpoint: Endpoint, retries: int | None) -> tuple[Any, Any]:
+    from serving.client import GrpcClient, RestClient
+
+    options = {} if retries is None else {"retries": retries}
+    return RestClient(endpoint.rest, **options), GrpcClient(endpoint.grpc, **options)

@@ -106,7 +106,9 @@ class BaseCluster:
         self.fake.add({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE,
                                                                         "labels": labels},
                        "spec": {"containers": [{"name": "tfserving", "image": "tensorflow/serving:2.16.1"}]},
-                       "status": {"phase": "Running"}})
+                       # What the kubelet reports once the readiness probe passes
+                       # (kubernetes v1.30, pkg/kubelet/status/status_manager.go).
+                       "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
         self.fake.proxies[name] = proxy
 
     def __enter__(self):
@@ -129,20 +131,73 @@ class BaseCluster:
         return [summary for k, n, summary in self.writes if (k, n) == (kind, name)]
 
 
+class Gateway(threading.Thread):
+    """What the Gateway API routes do with user traffic: REST predictions (~40 a second) sent to the stable or the
+    canary server as the HTTPRoute's weights say at that moment (smooth weighted round robin, as Envoy's). With
+    `canary_error_share`, that share of the canary's requests is malformed (400 INVALID_ARGUMENT): a canary failing
+    part of its traffic."""
+
+    def __init__(self, cluster: ServingCluster, canary_error_share: float) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.canary_error_share = canary_error_share
+        self.stop_event = threading.Event()
+        self.sent = {"stable": 0, "canary": 0}
+        self.failed: list[str] = []
+
+    def run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        credit = {"stable": 0.0, "canary": 0.0}
+        canary_sent = 0
+        last: dict[str, int] = {}
+        while not self.stop_event.is_set():
+            weights = self.cluster.weights()["HTTPRoute"]
+            share = {"stable": weights["tfserving-stable"], "canary": weights["tfserving-canary"]}
+            if share != last:  # new weights start a new round: no credit carried over from the old ones
+                credit, last = {"stable": 0.0, "canary": 0.0}, share
+            for track in credit:
+                credit[track] += share[track]
+            track = max(credit, key=credit.get)
+            credit[track] -= sum(share.values())
+            row = {"fare": 2.5, "trip_start_hour": 7, "payment_type": "Cash"}
+            if track == "canary":
+                canary_sent += 1
+                if self.canary_error_share and canary_sent % round(1 / self.canary_error_share) == 0:
+                    row = {"fare": 2.5}  # a missing input: the server answers 400
+            request = urllib.request.Request(f"{self.cluster.servers[track].rest_url}/v1/models/{MODEL}:predict",
+                                             json.dumps({"instances": [row]}).encode(), method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    pass
+            except urllib.error.HTTPError as e:
+                if e.code != 400 or track != "canary":
+                    self.failed.append(f"{track}: {e.code}")
+            except OSError as e:
+                self.failed.append(f"{track}: {e}")
+            self.sent[track] += 1
+            self.stop_event.wait(0.025)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=30)
+
+
 class ServingCluster(BaseCluster):
     """k8s/serving: a track ConfigMap per track, the routes, two stable pods and a canary pod. One local server per
     track stands for its pods; the "kubelet" swaps a track's models.config file when its ConfigMap changes, unless
-    TF Serving would refuse that config, which is then recorded in `refused` and not applied."""
+    TF Serving would refuse that config, which is then recorded in `refused` and not applied. A real Prometheus
+    scrapes the servers' metrics pages (the pods are API objects no Prometheus can reach, so its targets are the
+    servers standing for them, one per track), while a `Gateway` sends user traffic by the routes' weights."""
 
     def __init__(self, root: Path, tiny_versions: dict[int, Path], error_share: float = 0.0) -> None:
         super().__init__(root, tiny_versions)
         self.error_share = error_share
         self.refused: list[str] = []
-        # What the pods' metrics page would answer, scraped by a real Prometheus (started on entering).
-        self.exporters = {"stable-a": PodExporter(0.0), "stable-b": PodExporter(0.0),
-                          "canary-a": PodExporter(error_share)}
         self.prometheus = None
         self.prometheus_url = ""
+        self.gateway: Gateway | None = None
         self.proxied: list[str] = []
         for track in ("stable", "canary"):
             repo = ModelRepository(self.base, root / f"{track}.config", served_base_dir=str(self.base))
@@ -191,21 +246,19 @@ class ServingCluster(BaseCluster):
         except local_stack.StackError as e:
             self.__exit__(None, None, None)
             raise AssertionError(str(e)) from None
-        for exporter in self.exporters.values():
-            exporter.start()
-        targets = {track: [e.address for pod, e in self.exporters.items() if pod.startswith(track)]
-                   for track in ("stable", "canary")}
+        targets = {track: [server.rest_url.split("://", 1)[1]] for track, server in self.servers.items()}
         self.prometheus, self.prometheus_url = local_stack.run_prometheus(self.root / "prometheus", targets,
                                                                           SCRAPE_S)
+        self.gateway = Gateway(self, self.error_share)
+        self.gateway.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.prometheus is not None:
             self.prometheus.terminate()
             self.prometheus.wait(timeout=20)
-        for exporter in self.exporters.values():
-            if exporter.thread.is_alive():
-                exporter.stop()
         super().__exit__(*exc)
 
     def proxy(self, track: str, path: str) -> tuple[int, str]:
@@ -217,9 +270,9 @@ class ServingCluster(BaseCluster):
         return [
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
-            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=0.6",
+            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=1",
             f"rollout.prometheus.url={self.prometheus_url}", f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}",
-            "rollout.max_p99_ms=100",  # the metrics' p99 is 3.6 ms; the GETs' latency, were it counted, 24 s
+            "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",  # real latencies on a shared machine
             f"rollout.kubernetes.stable_rest=['{s.rest_url}']", f"rollout.kubernetes.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubernetes.canary_rest=['{c.rest_url}']", f"rollout.kubernetes.canary_grpc=['{c.grpc_target}']",
         ]
@@ -323,7 +376,9 @@ def rollout_killed_after_every_write(cluster: BaseCluster, version: int, *overri
     writes has landed in the API server (before it sees the answer), and starts it again, until a run finishes.
     Returns the writes it was killed after, and the last run's output."""
     command = [sys.executable, "-m", "pipeline.cli", "rollout", "start", "--version", str(version)]
-    for override in [*cluster.overrides(), *overrides]:
+    # A killed controller's Lease stays held until it expires: the next run waits that second out.
+    lease = ["rollout.lease_duration_seconds=1", "rollout.lease_wait_seconds=10"]
+    for override in [*cluster.overrides(), *lease, *overrides]:
         command += ["--set", override]
     running: dict[str, subprocess.Popen] = {}
     kills: list[tuple[str, str, object]] = []
@@ -332,7 +387,7 @@ def rollout_killed_after_every_write(cluster: BaseCluster, version: int, *overri
     def kill_on_new_write(key, obj) -> None:
         mark = json.dumps([key[1], key[3], copy.deepcopy(obj.get("data", obj.get("spec")))], sort_keys=True)
         process = running.get("controller")
-        if mark in seen or process is None or process.poll() is not None:
+        if key[1] == "Lease" or mark in seen or process is None or process.poll() is not None:
             return
         seen.add(mark)
         process.send_signal(signal.SIGKILL)  # it runs no further instruction: the answer never reaches it

@@ -119,7 +119,7 @@ class FakeApiServer:
         if custom:
             group, version, namespace, plural, name = custom.groups()
             kind = {"httproutes": "HTTPRoute", "grpcroutes": "GRPCRoute", "inferences": "Inference",
-                    "modelversions": "ModelVersion"}[plural]
+                    "modelversions": "ModelVersion", "leases": "Lease"}[plural]
             return kind, namespace, name, f"{group}/{version}"
         raise KeyError(path)
 

@@ -8,6 +8,7 @@ import math
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -152,7 +153,10 @@ def overrides(fleet, *extra: str) -> list[str]:
     return [f"output_root={fleet['root']}", f"model_name={MODEL}",
             f"rollout.golden_data={fleet['root'] / 'golden.csv'}", "rollout.golden_rows=24",
             "rollout.steps=[10,50,100]", "rollout.window_seconds=2",
-            "rollout.window_requests_per_second=20", "rollout.max_p99_ms=2000", "rollout.load_timeout_seconds=60",
+            # Latency is the gate's tests' subject (tests/rollout/test_verify_gate.py); here, on a shared machine, a few
+            # milliseconds of p99 either way are noise, so only a canary gone very slow would fail.
+            "rollout.window_requests_per_second=20", "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",
+            "rollout.load_timeout_seconds=60",
             "rollout.keep_previous_seconds=1", "rollout.poll_seconds=0.05",
             f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}", *extra]
 
@@ -195,7 +199,7 @@ def assert_exact_windows(backend, record) -> None:
         assert snapshot.missing == {}
         assert snapshot.counters == direct, "Prometheus's figures are the servers' own"
     windows = [e["figures"]["window"] for e in record["events"] if (e.get("figures") or {}).get("window")]
-    deltas = [window_figures(a[1].get("canary", {}).values(), b[1].get("canary", {}).values())["requests"]
+    deltas = [window_figures(Snapshot(a[1]), Snapshot(b[1]), "canary")["requests"]
               for a, b in zip(checks, checks[1:], strict=False)]
     for window in windows:
         assert window.get("source") == "prometheus"
@@ -222,7 +226,7 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
     # The report charts the traffic Prometheus saw, and loads in a browser with nothing from the network.
     time.sleep(1.0)
     page = write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)
-    rendered = render(page)
+    rendered = render(Path(page))
     assert rendered.console == []
     assert rendered.charts == {"traffic-requests_per_second": 1, "traffic-error_rate": 1, "traffic-p99_ms": 1}
     traffic = traffic_of(record, backend.metrics.inner)
@@ -251,7 +255,7 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
     assert all(not r[4] for r in results[last_weight_change + 1:]), "nothing fails after the rollback"
     assert_exact_windows(backend, record)
     time.sleep(1.0)
-    rendered = render(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner))
+    rendered = render(Path(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)))
     assert rendered.console == [] and len(rendered.charts) == 3
     assert rendered.dom.count("10% failed</text>") == 3 and rendered.dom.count("ROLLED BACK</text>") == 3
     canary_errors = [v for v in traffic_of(record, backend.metrics.inner)["tracks"]["canary"]["error_rate"] if v]

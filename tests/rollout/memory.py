@@ -1,0 +1,172 @@
+"""A backend held in memory for the controller's tests (milliseconds, no server): two tracks whose servers follow
+their config at once, as `mlops serve` does after its next poll, a canary weight, and a log of every write. A hook
+called after each write or state commit can stop the controller right there (`Stop`), as a SIGKILL would; scripted
+verifiers, clients and metrics feed the gate."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from serving.rollout.backends import Backend, BackendError, Endpoint, ServerView
+from serving.rollout.metrics import MetricsSource, ModelCounters, Snapshot
+from serving.rollout.state import LocalStateStore
+
+MODEL = "tiny"
+ENDPOINTS = {"stable": [Endpoint("http://stable", "stable:1")], "canary": [Endpoint("http://canary", "canary:1")]}
+
+
+class Stop(BaseException):
+    """The controller stops here, as killed: nothing catches it (a BaseException, like KeyboardInterrupt)."""
+
+
+class HookedStore(LocalStateStore):
+    """The local state file; `after_save(document)` runs right after each write landed."""
+
+    def __init__(self, base_dir, model: str = MODEL) -> None:
+        super().__init__(base_dir, model)
+        self.after_save: Callable[[dict[str, Any]], None] = lambda document: None
+
+    def save(self, document: dict[str, Any], token: str) -> str:
+        token = super().save(document, token)
+        self.after_save(document)
+        return token
+
+
+class MemoryBackend(Backend):
+    name = "memory"
+
+    def __init__(self, store, stable: int = 1, published: tuple[int, ...] = (1, 2, 3, 4, 5),
+                 metrics: MetricsSource | None = None) -> None:
+        super().__init__(store, ENDPOINTS, metrics)
+        self.configs: dict[str, tuple[list[int], dict[str, int]]] = {
+            "stable": ([stable], {"stable": stable}), "canary": ([stable], {"canary": stable})}
+        self.weight = 0
+        self.published = set(published)
+        # Versions whose load fails on a track's servers: {track: {version: error}}.
+        self.failing: dict[str, dict[int, str]] = {"stable": {}, "canary": {}}
+        self.writes: list[tuple] = []
+        self.after_write: Callable[[tuple], None] = lambda write: None
+
+    def served(self) -> dict[str, Any]:
+        """What `Controller.served_state` reads back, straight from the fake."""
+        return {track: {"versions": list(self.configs[track][0]), "labels": dict(self.configs[track][1])}
+                for track in ("stable", "canary")} | {"canary_weight": self.weight}
+
+    def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
+        versions, labels = self.configs[track]
+        return list(versions), dict(labels)
+
+    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        wanted = (sorted(versions), dict(labels))
+        if self.configs[track] == wanted:
+            return
+        if any(v not in versions for v in labels.values()):
+            raise BackendError(f"labels {labels} must point at served versions {versions}.")
+        self.configs[track] = wanted
+        self._wrote(("set_track", track, wanted[0], wanted[1]))
+
+    def _wrote(self, write: tuple) -> None:
+        self.writes.append(write)
+        self.after_write(write)
+
+    def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
+        if version in self.failing[track] and version in self.configs[track][0]:
+            return [ServerView(f"{track}-0", "END", self.failing[track][version])]
+        state = "AVAILABLE" if version in self.configs[track][0] else "NOT_FOUND"
+        return [ServerView(f"{track}-0", state)]
+
+    def label_views(self, model: str, track: str, label: str) -> list[int | None]:
+        version = self.configs[track][1].get(label)
+        return [version if version not in self.failing[track] else None]
+
+    def set_canary_weight(self, percent: int) -> None:
+        if self.weight == percent:
+            return
+        self.weight = percent
+        self._wrote(("weight", percent))
+
+    def canary_weight(self) -> int:
+        return self.weight
+
+    def check_version(self, model: str, version: int) -> None:
+        if version not in self.published:
+            raise BackendError(f"version {version} of {model!r} is not published.")
+
+
+class ScriptedVerifier:
+    """Golden and window verdicts by step weight: `fail_at` weights fail the golden comparison, `inconclusive_at`
+    weights give inconclusive windows (as many times as listed)."""
+
+    def __init__(self, fail_at: tuple[int, ...] = (), inconclusive_at: list[int] | None = None) -> None:
+        self.fail_at = fail_at
+        self.inconclusive_at = list(inconclusive_at or [])
+        self.windows: list[int] = []
+        self._weight = 0
+
+    def golden(self, stable: int, candidate: int) -> dict[str, Any]:
+        return {"rows": 3, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0}
+
+    def window(self, candidate: int, weight: int) -> dict[str, Any]:
+        self.windows.append(weight)
+        figures: dict[str, Any] = {"source": "scripted", "seconds": 0, "requests": 10, "errors": 0,
+                                   "error_rate": 0.0, "p99_ms": 1.0}
+        if weight in self.fail_at:
+            figures["error"] = f"error rate 0.5 > rollout.max_error_rate 0.01 at {weight}%"
+        elif weight in self.inconclusive_at:
+            self.inconclusive_at.remove(weight)
+            figures["inconclusive"] = "no metrics from the canary server(s) canary-0 (failed scrape)"
+        return figures
+
+
+class ScriptedClient:
+    """A REST or gRPC client whose answers a function of (rows, version) gives; `fail` raises instead."""
+
+    def __init__(self, answer: Callable[[list[dict], int | None], list[dict]], error: Exception | None = None,
+                 latency_ms: float = 0.0, clock: list[float] | None = None) -> None:
+        self.answer = answer
+        self.error = error
+        self.calls = 0
+        self.latency_ms = latency_ms
+        self.clock = clock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def predict_outputs(self, rows, model: str, version: int | None = None, **_: Any) -> list[dict]:
+        self.calls += 1
+        if self.clock is not None:
+            self.clock[0] += self.latency_ms / 1000.0
+        if self.error is not None:
+            raise self.error
+        rows = [rows] if isinstance(rows, dict) else list(rows)
+        return self.answer(rows, version)
+
+
+def counters(ok: float = 0, errors: float = 0, latency_us: dict[float, float] | None = None) -> ModelCounters:
+    """One server's cumulative counters: `ok` successful predictions (all in the bucket `latency_us` names, default
+    the 1 ms bucket), `errors` failed requests."""
+    buckets = latency_us if latency_us is not None else {1000.0: ok, float("inf"): ok}
+    return ModelCounters({"OK": ok, **({"INTERNAL": errors} if errors else {})}, buckets)
+
+
+class ScriptedMetrics(MetricsSource):
+    """Snapshots in the order given; each call takes the next one."""
+
+    name = "prometheus"
+
+    def __init__(self, *snapshots: Snapshot | Exception) -> None:
+        self.snapshots = list(snapshots)
+        self.calls: list[float | None] = []
+
+    def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
+        self.calls.append(fresh_after)
+        next_one = self.snapshots.pop(0)
+        if isinstance(next_one, Exception):
+            raise next_one
+        return next_one

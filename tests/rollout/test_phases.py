@@ -1,0 +1,332 @@
+"""Every phase of the state machine, stopped right after its backend write and right after its state commit, then
+resumed or rolled back: the tracks' versions and labels and the canary weight read back from the backend are exactly
+the promoted state or the state before the rollout, and each rollout records one outcome. Then two controllers at
+every step: the second is refused while the first holds the lock, and one that acts anyway (its lease expired) makes
+the first stop without touching traffic. A backend in memory (tests/rollout/memory.py): milliseconds a case."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import pytest
+
+from serving.rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
+from serving.rollout.state import ControllerBusyError, Holding, StateConflictError
+from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedVerifier, Stop
+
+BEFORE = {"stable": {"versions": [1], "labels": {"stable": 1}}, "canary": {"versions": [1], "labels": {"canary": 1}},
+          "canary_weight": 0}
+PROMOTED = {"stable": {"versions": [2], "labels": {"stable": 2}}, "canary": {"versions": [2], "labels": {"canary": 2}},
+            "canary_weight": 0}
+
+
+# The controller's wall clock: it moves only when the controller sleeps (waiting out a kept version takes no time).
+CLOCK = [0.0]
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(monkeypatch):
+    from serving.rollout import controller
+
+    CLOCK[0] = 1_800_000_000.0
+    monkeypatch.setattr(controller, "_now", lambda: CLOCK[0])
+
+
+def _sleep(seconds: float) -> None:
+    CLOCK[0] += seconds
+
+
+class Fleet:
+    """One model's backend and state folder; controllers made on it share both, as processes on one machine do."""
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+        self.store = HookedStore(folder)
+        self.backend = MemoryBackend(self.store)
+        self.events: list[tuple[str, str, object]] = []
+        self.stop_at: int | None = None
+        self.on_event: Callable[[int], None] = lambda index: None
+        self.backend.after_write = lambda write: self._event("write", write)
+        self.store.after_save = lambda document: self._event("commit", (document.get("current") or {}).get(
+            "phase", "done"))
+
+    def _phase(self) -> str:
+        current = self.store.load()[0].get("current")
+        return current["phase"] if current else "done"
+
+    def _event(self, kind: str, what: object) -> None:
+        phase = self._phase() if kind == "write" else ""
+        self.events.append((kind, phase, what))
+        index = len(self.events) - 1
+        self.on_event(index)
+        if index == self.stop_at:
+            raise Stop(f"stopped after event {index}: {kind} {what}")
+
+    def controller(self, verifier: ScriptedVerifier | None = None, store=None, keep_previous_s: float = 0.0,
+                   **options) -> Controller:
+        # Another process's controller: its own store object on the same state folder, the same servers.
+        backend = self.backend if store is None else _OtherProcess(self.backend, store)
+        verifier = verifier or ScriptedVerifier()
+        return Controller(backend, MODEL, [50, 100], lambda: verifier, load_timeout_s=0.2,
+                          keep_previous_s=keep_previous_s, poll_s=0.01, log=lambda _: None, sleep=_sleep,
+                          **options)
+
+
+class _OtherProcess:
+    """The fleet's backend seen by a second controller: the same servers and weight, another state store object."""
+
+    def __init__(self, shared: MemoryBackend, store) -> None:
+        self._shared, self.store = shared, store
+
+    def __getattr__(self, name):
+        return getattr(self._shared, name)
+
+
+# The three rollouts whose every event is a stopping point: (name, run it, the outcome it ends with).
+def promoted(fleet: Fleet) -> None:
+    fleet.controller().start(2)
+
+
+def failed_at_50(fleet: Fleet) -> None:
+    fleet.controller(ScriptedVerifier(fail_at=(50,))).start(2)
+
+
+def rolled_back_after_promotion(fleet: Fleet) -> None:
+    fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    fleet.controller(keep_previous_s=600).rollback()
+
+
+SCENARIOS = {"promoted": (promoted, PROMOTED, "promoted"),
+             "failed at 50%": (failed_at_50, BEFORE, "rolled_back"),
+             "rolled back after promotion": (rolled_back_after_promotion, BEFORE, "rolled_back")}
+# What the candidate does when verified again after a resume: the same as in the uninterrupted run.
+FAILING_AT = {"failed at 50%": (50,)}
+
+
+def events_of(scenario: str, tmp_path) -> list[tuple[str, str, object]]:
+    fleet = Fleet(tmp_path / "uninterrupted")
+    SCENARIOS[scenario][0](fleet)
+    return fleet.events
+
+
+def _cases():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        for scenario in SCENARIOS:
+            for index, (kind, phase, what) in enumerate(events_of(scenario, Path(folder) / scenario)):
+                for then in ("resume", "rollback"):
+                    yield pytest.param(scenario, index, then, id=f"{scenario}-{index}-{kind}-{phase or what}-{then}")
+
+
+def test_an_uninterrupted_promotion_writes_each_phase_once(tmp_path):
+    events = events_of("promoted", tmp_path)
+    assert [(kind, phase, what) for kind, phase, what in events] == [
+        ("commit", "", "load"), ("write", "load", ("set_track", "canary", [1, 2], {"canary": 1})),
+        ("commit", "", "label"), ("write", "label", ("set_track", "canary", [2], {"canary": 2})),
+        ("commit", "", "verify"), ("commit", "", "verify"), ("write", "verify", ("weight", 50)),
+        ("commit", "", "verify"), ("write", "verify", ("weight", 100)), ("commit", "", "promote_load"),
+        ("write", "promote_load", ("set_track", "stable", [1, 2], {"stable": 1})), ("commit", "", "promote_label"),
+        ("write", "promote_label", ("set_track", "stable", [1, 2], {"stable": 2})), ("commit", "", "promote_route"),
+        ("write", "promote_route", ("weight", 0)), ("commit", "", "retain"),
+        ("write", "retain", ("set_track", "stable", [2], {"stable": 2})), ("commit", "", "done")]
+
+
+@pytest.mark.parametrize("scenario, index, then", list(_cases()))
+def test_stopped_after_any_write_or_commit_then_resumed_or_rolled_back(tmp_path, scenario, index, then, capsys):
+    run, resumed_state, resumed_outcome = SCENARIOS[scenario]
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = index
+    with pytest.raises(Stop):
+        run(fleet)
+    stopped_at = fleet.events[index]
+    fleet.stop_at = None
+    document = fleet.store.load()[0]
+    finished = document["current"] is None
+    if then == "resume":
+        record = fleet.controller(ScriptedVerifier(fail_at=FAILING_AT.get(scenario, ()))).start(2)
+        wanted_state, wanted_outcome = resumed_state, resumed_outcome
+        if (scenario == "rolled back after promotion" and not finished
+                and document["current"]["phase"] not in ROLLBACK_PHASES):
+            # Stopped before the rollback was recorded: resuming the rollout finishes its promotion.
+            wanted_state, wanted_outcome = PROMOTED, "promoted"
+    elif finished:
+        with pytest.raises(RolloutError, match="no rollout of 'tiny' is in progress"):
+            fleet.controller().rollback()
+        record = fleet.store.load()[0]["history"][-1]
+        wanted_state, wanted_outcome = resumed_state, resumed_outcome
+    else:
+        record = fleet.controller().rollback()
+        wanted_state, wanted_outcome = BEFORE, "rolled_back"
+    served = fleet.backend.served()
+    print(f"{scenario} | stopped after {stopped_at[0]} {stopped_at[1] or stopped_at[2]} | {then} | "
+          f"{record['outcome']} | {served}")
+    assert served == wanted_state, f"stopped after {stopped_at}"
+    assert record["outcome"] == wanted_outcome and record["served"] == served
+    history = fleet.store.load()[0]["history"]
+    assert len(history) == 1 and fleet.store.load()[0]["current"] is None, "one outcome, recorded once"
+    # What the controller says it left is what the backend shows.
+    assert record["events"][-1]["message"].startswith(wanted_outcome.replace("_", " "))
+    assert f"the stable track serves {served['stable']['versions']}" in record["events"][-1]["message"]
+
+
+def test_a_promotion_stopped_after_its_label_write_then_rolled_back_serves_the_previous_version_again(tmp_path):
+    """The case a rollback used to get wrong: the stable track already answered the candidate under `stable`."""
+    fleet = Fleet(tmp_path)
+    promote_label_write = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x"))
+                               if e[:2] == ("write", "promote_label"))
+    fleet.stop_at = promote_label_write
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    assert fleet.backend.configs["stable"] == ([1, 2], {"stable": 2})
+    record = fleet.controller().rollback()
+    assert fleet.backend.served() == BEFORE and record["outcome"] == "rolled_back"
+    assert record["events"][-1]["message"].startswith(
+        "rolled back: the stable track serves [1] (stable -> 1) and the canary track serves [1] (canary -> 1), 0% of "
+        "the traffic on the canary")
+    # The next rollout starts from version 1 as stable.
+    assert fleet.controller().start(3)["stable"] == 1
+
+
+# Two controllers
+
+
+COMMANDS = {"start": lambda c: c.start(2), "rollback": lambda c: c.rollback(), "promote": lambda c: c.promote()}
+
+
+def _interleavings():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        count = len(events_of("promoted", Path(folder)))
+    for second in COMMANDS:
+        for index in range(count - 1):  # the last event ends the rollout: nothing is left to interleave with
+            yield pytest.param(second, index, id=f"start-with-{second}-after-event-{index}")
+
+
+@pytest.mark.parametrize("second, index", list(_interleavings()))
+def test_a_second_controller_is_refused_while_the_first_runs(tmp_path, second, index):
+    fleet = Fleet(tmp_path)
+    refusals: list[str] = []
+
+    def second_controller(at: int) -> None:
+        if at != index:
+            return
+        before = (fleet.backend.served(), fleet.store.load())
+        with pytest.raises(ControllerBusyError) as refused:
+            COMMANDS[second](fleet.controller(store=HookedStore(tmp_path)))
+        refusals.append(str(refused.value))
+        assert (fleet.backend.served(), fleet.store.load()) == before, "the refused controller changed nothing"
+
+    fleet.on_event = second_controller
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+    [message] = refusals
+    assert message.startswith("another rollout controller (pid ") and "has held this model's rollout for" in message
+    assert "rollout.lease_wait_seconds" in message
+
+
+class LockIgnoringStore(HookedStore):
+    """A controller whose lock did not stop it: as after the first one's Lease expired while it was stalled."""
+
+    @contextlib.contextmanager
+    def exclusive(self, wait_s: float = 0.0):
+        yield Holding()
+
+
+@pytest.mark.parametrize("second, index", list(_interleavings()))
+def test_a_controller_whose_rollout_was_moved_by_another_stops_without_touching_traffic(tmp_path, second, index):
+    fleet = Fleet(tmp_path)
+    writes_when_second_finished: list[int] = []
+    outcomes: list[dict] = []
+
+    def second_controller(at: int) -> None:
+        if at != index or writes_when_second_finished:
+            return
+        fleet.on_event = lambda _: None
+        try:
+            outcomes.append(COMMANDS[second](fleet.controller(store=LockIgnoringStore(tmp_path), keep_previous_s=0)))
+        except RolloutError as e:  # promote before anything is loaded is still a promotion; this is another refusal
+            outcomes.append({"refused": str(e)})
+        writes_when_second_finished.append(len(fleet.backend.writes))
+
+    fleet.on_event = second_controller
+    try:
+        fleet.controller().start(2)
+        first = "finished"
+    except (StateConflictError, RolloutError) as e:
+        first = str(e)
+    assert writes_when_second_finished, "the second controller ran"
+    if "refused" not in outcomes[0]:
+        assert first != "finished", "the first controller noticed that another one moved its rollout"
+    assert len(fleet.backend.writes) == writes_when_second_finished[0], (
+        f"the first controller touched traffic after the second one finished: {fleet.backend.writes[-3:]}")
+    document = fleet.store.load()[0]
+    if document["current"] is None:
+        assert len(document["history"]) == 1, "one outcome"
+        wanted = PROMOTED if document["history"][0]["outcome"] == "promoted" else BEFORE
+        assert fleet.backend.served() == wanted
+
+
+# Inconclusive windows, the downgrade, the bounded history
+
+
+def test_inconclusive_windows_are_retried_then_roll_back(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier = ScriptedVerifier(inconclusive_at=[50, 50, 50])
+    record = fleet.controller(verifier, max_inconclusive=3).start(2)
+    assert verifier.windows == [0, 50, 50, 50]
+    assert record["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE
+    assert record["reason"].startswith("3 inconclusive windows in a row at 50%: no metrics from the canary")
+
+
+def test_an_inconclusive_window_then_a_conclusive_one_moves_on(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier = ScriptedVerifier(inconclusive_at=[50, 50, 100, 100])
+    record = fleet.controller(verifier, max_inconclusive=3).start(2)
+    assert verifier.windows == [0, 50, 50, 50, 100, 100, 100] and record["outcome"] == "promoted"
+
+
+def test_inconclusive_windows_can_pause_the_rollout_instead(tmp_path):
+    fleet = Fleet(tmp_path)
+    state = fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2,
+                             on_inconclusive="pause").start(2)
+    assert state["paused"].startswith("2 inconclusive windows in a row at 50%")
+    assert fleet.backend.weight == 50, "traffic stays where it was"
+    assert fleet.store.load()[0]["current"]["paused"] == state["paused"]
+    record = fleet.controller(on_inconclusive="pause").start(2)
+    assert record["outcome"] == "promoted" and "paused" not in record
+
+
+def test_a_downgrade_needs_to_be_asked_for(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.backend.configs.update(stable=([3], {"stable": 3}), canary=([3], {"canary": 3}))
+    with pytest.raises(RolloutError, match="version 2 is older than the stable version 3 of 'tiny'; pass "
+                                           "--allow-downgrade"):
+        fleet.controller().start(2)
+    assert fleet.store.load()[0]["current"] is None and fleet.backend.writes == []
+    assert fleet.controller().start(2, allow_downgrade=True)["outcome"] == "promoted"
+
+
+def test_the_state_keeps_only_the_newest_outcomes(tmp_path):
+    fleet = Fleet(tmp_path)
+    for candidate in (2, 3, 4, 5):
+        fleet.controller(history_limit=2).start(candidate)
+    history = fleet.store.load()[0]["history"]
+    assert [h["candidate"] for h in history] == [4, 5]
+
+
+def test_reports_are_written_after_the_final_commit_and_again_when_missing(tmp_path):
+    fleet = Fleet(tmp_path)
+    reports = tmp_path / "reports"
+    pages_at_commit: list[bool] = []
+    fleet.store.after_save = lambda document: pages_at_commit.append(any(reports.glob("*.html")))
+    record = fleet.controller(report_dir=str(reports)).start(2)
+    assert pages_at_commit[-1] is False, "no page before the outcome is committed"
+    [page] = reports.glob("*.html")
+    page.unlink()
+    again = fleet.controller(report_dir=str(reports)).start(2)
+    assert again == record and [p.name for p in reports.glob("*.html")] == [page.name]

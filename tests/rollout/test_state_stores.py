@@ -1,0 +1,163 @@
+"""The state stores and the controllers' lock: a stale write fails instead of overwriting (on a file and on a
+ConfigMap that already exists), another model's rollout in the same ConfigMap is no conflict, and the Lease is held,
+refused, renewed, taken over only once expired, and released as client-go's leader election does."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kubernetes import client
+
+from serving.rollout.kube import ConfigMapStateStore, Lease, api_client
+from serving.rollout.state import ControllerBusyError, LocalStateStore, StateConflictError
+from tests.rollout.fake_apiserver import FakeApiServer
+
+NAMESPACE = "mlops-test"
+
+
+def test_a_stale_local_write_fails_and_a_fresh_one_lands(tmp_path):
+    store = LocalStateStore(tmp_path, "tiny")
+    document, token = store.load()
+    assert token == "0"
+    first = store.save({**document, "current": {"id": "a"}}, token)
+    assert first == "1"
+    with pytest.raises(StateConflictError, match=r"changed \(revision 1, expected 0\)"):
+        store.save({**document, "current": {"id": "b"}}, token)
+    assert store.load() == ({"current": {"id": "a"}, "history": [], "revision": 1}, "1")
+    assert store.save({"current": None, "history": []}, first) == "2"
+
+
+def test_the_local_lock_names_its_holder_and_can_be_waited_for(tmp_path):
+    holder, other = LocalStateStore(tmp_path, "tiny"), LocalStateStore(tmp_path, "tiny")
+    with holder.exclusive():
+        with pytest.raises(ControllerBusyError, match=r"another rollout controller \(pid \d+\) has held this model's "
+                                                      r"rollout for \d+s; wait"):
+            with other.exclusive():
+                pass
+    released = threading.Event()
+
+    def hold_briefly() -> None:
+        with holder.exclusive():
+            released.wait(5)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=hold_briefly)
+    thread.start()
+    time.sleep(0.1)
+    released.set()
+    with other.exclusive(wait_s=5):
+        pass
+    thread.join()
+    with LocalStateStore(tmp_path, "other-model").exclusive(), holder.exclusive():
+        pass  # one lock per model
+
+
+@pytest.fixture
+def api(tmp_path):
+    with FakeApiServer() as fake:
+        yield fake, api_client(fake.kubeconfig(tmp_path / "kubeconfig"))
+
+
+def test_a_stale_configmap_write_fails_when_the_configmap_exists(api):
+    fake, api_client_ = api
+    core = client.CoreV1Api(api_client_)
+    store = ConfigMapStateStore(core, NAMESPACE, "rollout-state", "tiny")
+    document, token = store.load()
+    assert token == "0"
+    token = store.save({**document, "current": {"id": "a"}}, token)  # creates the ConfigMap
+    stale_document, stale = store.load()
+    fresh = store.save({**stale_document, "current": {"id": "b"}}, stale)
+    with pytest.raises(StateConflictError, match=r"changed \(revision 2, expected 1\)"):
+        store.save({**stale_document, "current": {"id": "c"}}, stale)
+    assert store.load()[0]["current"] == {"id": "b"} and store.load()[1] == fresh == "2"
+    # A second controller that read nothing yet cannot create over it either.
+    with pytest.raises(StateConflictError):
+        store.save({"current": {"id": "d"}, "history": []}, "0")
+
+
+def test_another_models_rollout_in_the_same_configmap_is_no_conflict(api):
+    fake, api_client_ = api
+    core = client.CoreV1Api(api_client_)
+    tiny, taxi = (ConfigMapStateStore(core, NAMESPACE, "rollout-state", model) for model in ("tiny", "taxi"))
+    tiny_document, tiny_token = tiny.load()
+    tiny_token = tiny.save({**tiny_document, "current": {"id": "t"}}, tiny_token)
+    taxi_document, taxi_token = taxi.load()
+    taxi.save({**taxi_document, "current": {"id": "x"}}, taxi_token)
+    fake.conflict_once("ConfigMap", "rollout-state")  # and someone else writes the ConfigMap meanwhile
+    assert tiny.save({"current": None, "history": []}, tiny_token) == "2"
+    assert taxi.load()[0]["current"] == {"id": "x"}
+
+
+def lease(api_client_, duration_s: float = 1.0, clock=None) -> Lease:
+    return Lease(client.CoordinationV1Api(api_client_), NAMESPACE, "rollout-tiny", duration_s, clock=clock)
+
+
+def test_a_held_lease_refuses_a_second_controller_until_released(api):
+    fake, api_client_ = api
+    first, second = lease(api_client_, 30), lease(api_client_, 30)
+    first.acquire(0)
+    with pytest.raises(ControllerBusyError) as refused:
+        second.acquire(0)
+    message = str(refused.value)
+    assert f"Lease {NAMESPACE}/rollout-tiny: {first.identity}, renewed 0s ago" in message
+    assert "has held this model's rollout for 0s" in message
+    first.release()
+    stored = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
+    assert stored["holderIdentity"] == ""
+    second.acquire(0)
+    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == second.identity
+    second.release()
+
+
+def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost(api):
+    fake, api_client_ = api
+    import datetime
+
+    now = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
+    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 10, clock=lambda: now[0])
+    stalled.acquire(0)
+    stalled._stop.set()  # stalled: it renews no more
+    now[0] += datetime.timedelta(seconds=9)
+    with pytest.raises(ControllerBusyError, match="renewed 9s ago"):
+        newcomer.acquire(0)
+    now[0] += datetime.timedelta(seconds=2)
+    newcomer.acquire(0)
+    spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
+    assert spec["holderIdentity"] == newcomer.identity and spec["leaseTransitions"] == 1
+    stalled.renew()
+    assert stalled.holding.lost == f"Lease {NAMESPACE}/rollout-tiny is held by {newcomer.identity} now"
+    assert not newcomer.holding.lost
+    stalled.release()  # a lost lease is not released: it is the newcomer's
+    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == newcomer.identity
+    newcomer.release()
+
+
+def test_a_held_lease_is_renewed_while_the_controller_runs(api):
+    fake, api_client_ = api
+    holder = lease(api_client_, 1)
+    holder.acquire(0)
+    first = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["renewTime"]
+    deadline = time.monotonic() + 5
+    while fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["renewTime"] == first:
+        assert time.monotonic() < deadline, "the lease was not renewed"
+        time.sleep(0.05)
+    assert not holder.holding.lost
+    holder.release()
+
+
+def test_the_kubernetes_store_holds_its_lease_for_the_whole_command(api):
+    fake, api_client_ = api
+    store = ConfigMapStateStore(client.CoreV1Api(api_client_), NAMESPACE, "tfserving-rollout", "taxi_v2",
+                                client.CoordinationV1Api(api_client_), lease_duration_s=30)
+    other = ConfigMapStateStore(client.CoreV1Api(api_client_), NAMESPACE, "tfserving-rollout", "taxi_v2",
+                                client.CoordinationV1Api(api_client_), lease_duration_s=30)
+    with store.exclusive() as holding:
+        assert not holding.lost
+        # Lease names are DNS subdomains: the model's underscore becomes a dash.
+        assert fake.find("Lease", NAMESPACE, "tfserving-rollout-taxi-v2")["spec"]["holderIdentity"]
+        with pytest.raises(ControllerBusyError):
+            with other.exclusive():
+                pass
+    with other.exclusive():
+        pass

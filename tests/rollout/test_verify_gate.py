@@ -1,0 +1,313 @@
+"""The verifier's gate at its edges, with a backend in memory, scripted clients and scripted metrics (no server):
+the golden comparison on every row, every output, both transports and every canary server; each window threshold
+(error rate, p99, requests; absolute and relative to stable) just inside and just outside its limit, from the
+servers' metrics and from the verifier's own requests; and every reason a window is inconclusive."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from serving.client import ServingError
+from serving.rollout.backends import Endpoint
+from serving.rollout.metrics import MetricsError, Snapshot, window_figures
+from serving.rollout.verify import INCONCLUSIVE, MIN_SHARE_REQUESTS, Limits, Verifier, compare_answers, share_check
+from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedClient, ScriptedMetrics, counters
+
+ROWS = [{"x": float(i)} for i in range(5)]
+LIMITS = Limits(max_abs_diff=0.01, max_error_rate=0.01, max_p99_ms=250.0, window_seconds=1.0,
+                requests_per_second=8.0, timeout_s=1.0, max_error_rate_increase=0.005, max_p99_ratio=2.0,
+                share_tolerance_sigmas=4.0)
+# The verifier's window: 1 s at 8 requests a second on a fake clock, so exactly 8 requests.
+SENT = 8
+
+
+def probability(row: dict) -> dict:
+    return {"probability": 0.1 * row["x"]}
+
+
+def answers(shift: dict[int, float] | None = None) -> callable:
+    """Answers as stable gives them, row i moved by shift[i]."""
+    shift = shift or {}
+    return lambda rows, version: [{"probability": probability(r)["probability"] + shift.get(int(r["x"]), 0.0)}
+                                  for r in rows]
+
+
+def build(tmp_path, rest=None, grpc=None, metrics=None, canaries=1, limits=LIMITS, stable_answers=None):
+    """A verifier on a memory backend: stable answers `stable_answers` (default the reference), each canary server
+    answers `rest` and `grpc` (functions, or lists of them per canary server)."""
+    backend = MemoryBackend(HookedStore(tmp_path), metrics=metrics)
+    backend._endpoints = {"stable": [Endpoint("http://stable", "stable:1")],
+                          "canary": [Endpoint(f"http://canary-{i}", f"canary-{i}:1") for i in range(canaries)]}
+    clock = [0.0]
+    per_server = {}
+    for i in range(canaries):
+        r = rest[i] if isinstance(rest, list) else rest
+        g = grpc[i] if isinstance(grpc, list) else grpc
+        per_server[f"http://canary-{i}"] = (r or ScriptedClient(answers(), clock=clock),
+                                            g or ScriptedClient(answers(), clock=clock))
+    stable = ScriptedClient(stable_answers or answers(), clock=clock)
+    per_server["http://stable"] = (stable, stable)
+
+    def clients(endpoint, retries):
+        return per_server[endpoint.rest]
+
+    def sleep(seconds):
+        clock[0] += seconds
+
+    verifier = Verifier(backend, MODEL, ROWS, limits, log=lambda _: None, sleep=sleep, clients=clients,
+                        clock=lambda: clock[0])
+    return verifier, per_server, clock
+
+
+# The golden comparison
+
+
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+@pytest.mark.parametrize("row", [0, 4])
+def test_golden_rows_agreeing_within_the_limit_pass_and_one_row_beyond_it_fails(tmp_path, transport, row):
+    inside = {transport: ScriptedClient(answers({row: 0.0099}))}
+    verifier, _, _ = build(tmp_path, **inside)
+    figures = verifier.golden(1, 2)
+    assert "error" not in figures and figures[f"{transport}_max_abs_diff"] == pytest.approx(0.0099)
+    outside = {transport: ScriptedClient(answers({row: 0.0101}))}
+    verifier, _, _ = build(tmp_path, **outside)
+    figures = verifier.golden(1, 2)
+    assert figures[f"{transport}_max_abs_diff"] == pytest.approx(0.0101)
+    assert "disagrees with stable 1" in figures["error"] and "0.010100 > rollout.max_abs_diff 0.01" in figures["error"]
+
+
+def test_golden_compares_rest_with_grpc_on_the_canary(tmp_path):
+    verifier, _, _ = build(tmp_path, grpc=ScriptedClient(answers({2: -0.004})),
+                           rest=ScriptedClient(answers({2: 0.004})))
+    figures = verifier.golden(1, 2)
+    assert figures["rest_grpc_max_abs_diff"] == pytest.approx(0.008) and "error" not in figures
+
+
+def test_golden_checks_every_canary_server(tmp_path):
+    good, bad = ScriptedClient(answers()), ScriptedClient(answers({3: 0.5}))
+    verifier, _, _ = build(tmp_path, canaries=2, rest=[good, bad], grpc=[good, good])
+    figures = verifier.golden(1, 2)
+    assert figures["rest_max_abs_diff"] == pytest.approx(0.5) and "error" in figures
+
+
+def test_golden_compares_every_output_of_every_row(tmp_path):
+    def multiclass(shift: float, second_class: str = "b"):
+        return lambda rows, version: [{"class": "a", "classes": ["a", second_class],
+                                       "probabilities": [0.7, 0.3 + (shift if i == len(rows) - 1 else 0.0)]}
+                                      for i, _ in enumerate(rows)]
+
+    verifier, _, _ = build(tmp_path, stable_answers=multiclass(0.0), rest=ScriptedClient(multiclass(0.02)),
+                           grpc=ScriptedClient(multiclass(0.0)))
+    assert verifier.golden(1, 2)["rest_max_abs_diff"] == pytest.approx(0.02)
+    verifier, _, _ = build(tmp_path, stable_answers=multiclass(0.0), rest=ScriptedClient(multiclass(0.0)),
+                           grpc=ScriptedClient(multiclass(0.0, second_class="c")))
+    figures = verifier.golden(1, 2)
+    assert "gRPC on http://canary-0: row 0 output 'classes'" in figures["error"]
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (lambda rows, version: [probability(r) for r in rows[:-1]], "4 rows answered for 5 asked"),
+    (lambda rows, version: [{"value": 0.1 * r["x"]} for r in rows], "row 0 has outputs ['value']"),
+])
+def test_golden_answers_of_another_shape_fail(tmp_path, answer, problem):
+    verifier, _, _ = build(tmp_path, grpc=ScriptedClient(answer))
+    figures = verifier.golden(1, 2)
+    assert problem in figures["error"] and figures["grpc_max_abs_diff"] == math.inf
+
+
+def test_golden_requests_that_fail_fail_the_step(tmp_path):
+    verifier, _, _ = build(tmp_path, grpc=ScriptedClient(answers(), error=ServingError("refused", "UNAVAILABLE")))
+    assert verifier.golden(1, 2)["error"] == "golden requests failed: refused"
+
+
+def test_compare_answers_reports_the_largest_difference_anywhere():
+    reference = [{"p": [0.1, 0.2]}, {"p": [0.3, 0.4]}]
+    assert compare_answers(reference, [{"p": [0.1, 0.2]}, {"p": [0.3, 0.45]}]) == (pytest.approx(0.05), "")
+    assert compare_answers(reference, reference) == (0.0, "")
+
+
+# Windows measured by the verifier (no metrics source)
+
+
+def failing_on(calls: set[int], latency_ms: dict[int, float] | None = None, clock=None):
+    """A client that fails its calls numbered in `calls` (1-based) and takes latency_ms[n] on call n."""
+    state = {"n": 0}
+    latency_ms = latency_ms or {}
+
+    def answer(rows, version):
+        state["n"] += 1
+        if clock is not None:
+            clock[0] += latency_ms.get(state["n"], 0.0) / 1000.0
+        if state["n"] in calls:
+            raise ServingError("boom", "INTERNAL")
+        return [probability(r) for r in rows]
+
+    return ScriptedClient(answer)
+
+
+@pytest.mark.parametrize("errors, verdict", [(1, "passed"), (2, "failed")])
+def test_the_verifiers_own_error_rate_at_the_limit(tmp_path, errors, verdict):
+    # 100 requests (REST and gRPC in turn): 1 error is a rate of 0.01, at the limit; 2 are over it.
+    limits = Limits(**{**LIMITS.__dict__, "requests_per_second": 100.0, "window_seconds": 1.0})
+    rest = failing_on(set(range(1, errors + 1)))
+    verifier, _, _ = build(tmp_path, rest=rest, limits=limits)
+    figures = verifier.window(2, 10)
+    assert figures["source"] == "verifier" and figures["requests"] == 100 and figures["errors"] == errors
+    assert figures["error_rate"] == pytest.approx(errors / 100) and figures["verdict"] == verdict
+
+
+@pytest.mark.parametrize("slow, verdict", [(1, "passed"), (2, "failed")])
+def test_the_verifiers_own_p99_is_the_99th_percentile(tmp_path, slow, verdict):
+    limits = Limits(**{**LIMITS.__dict__, "requests_per_second": 100.0, "window_seconds": 2.0})
+    verifier, per_server, clock = build(tmp_path, limits=limits)
+    # Between 101 and 200 answers, of which `slow` take 300 ms: the nearest-rank p99 is the second largest.
+    latency = {n: (300.0 if n <= slow else 1.0) for n in range(1, 201)}
+    per_server["http://canary-0"] = (failing_on(set(), latency, clock), failing_on(set(), {}, clock))
+    figures = verifier.window(2, 10)
+    assert 101 <= figures["requests"] <= 200
+    assert figures["verdict"] == verdict
+    assert figures["p99_ms"] == pytest.approx(300.0 if slow == 2 else 1.0, abs=0.01)
+
+
+# Windows measured by the servers' metrics
+
+
+def snap(canary: dict[str, object], stable: dict[str, object] | None = None, missing=None) -> Snapshot:
+    return Snapshot({"canary": canary, "stable": stable if stable is not None else {"stable-0": counters()}},
+                    missing or {})
+
+
+def metrics_window(tmp_path, before: Snapshot, after: Snapshot | Exception, weight: int = 0, limits=LIMITS):
+    source = ScriptedMetrics(before, after)
+    verifier, _, _ = build(tmp_path, metrics=source, limits=limits)
+    figures = verifier.window(2, weight)
+    assert source.calls[0] is None and source.calls[1] is not None, "the second snapshot waits for a fresh scrape"
+    return figures
+
+
+def test_a_metrics_window_counts_what_the_servers_counted(tmp_path):
+    before = snap({"c-0": counters(ok=100), "c-1": counters(ok=50, errors=1)}, {"s-0": counters(ok=10)})
+    after = snap({"c-0": counters(ok=100 + 400 + SENT), "c-1": counters(ok=50 + 100, errors=1 + 2)},
+                 {"s-0": counters(ok=10 + 500)})
+    figures = metrics_window(tmp_path, before, after, weight=50)
+    assert figures["verdict"] == "passed"
+    assert (figures["requests"], figures["errors"]) == (400 + SENT + 100 + 2, 2)
+    assert figures["error_rate"] == pytest.approx(2 / (400 + SENT + 100 + 2))
+    assert figures["p99_ms"] == 1.0 and figures["verifier_requests"] == SENT
+    assert figures["stable"]["requests"] == 500
+    # The share counts every user request (the verifier's own taken out), failed ones included.
+    assert figures["share"] == {"user_requests": 1002, "expected": 0.5, "checked": True,
+                                "observed": pytest.approx(502 / 1002),
+                                "tolerance": pytest.approx(4 * 0.5 / math.sqrt(1002))}
+
+
+@pytest.mark.parametrize("errors, verdict", [(10, "passed"), (11, "failed")])
+def test_the_servers_error_rate_at_the_limit(tmp_path, errors, verdict):
+    # 1000 requests on the canary servers in the window: 10 errors are 0.01 (at the limit), 11 over it.
+    after = snap({"c-0": counters(ok=1000 - errors, errors=errors)}, {"stable-0": counters(ok=0)})
+    figures = metrics_window(tmp_path, snap({"c-0": counters()}), after, weight=100)
+    assert figures["requests"] == 1000 and figures["errors"] == errors and figures["verdict"] == verdict
+    if verdict == "failed":
+        assert figures["error"] == "error rate 0.0110 > rollout.max_error_rate 0.01"
+
+
+@pytest.mark.parametrize("bound_us, verdict", [(250_000.0, "passed"), (250_001.0, "failed")])
+def test_the_servers_p99_at_the_limit(tmp_path, bound_us, verdict):
+    # 99 of 100 predictions in the 1 ms bucket would put p99 there; 2 slow ones put it in the slow bucket.
+    slow = {1000.0: 98 + SENT, bound_us: 100 + SENT, math.inf: 100 + SENT}
+    after = snap({"c-0": counters(ok=100 + SENT, latency_us=slow)}, {"stable-0": counters()})
+    figures = metrics_window(tmp_path, snap({"c-0": counters()}), after, weight=100)
+    assert figures["p99_ms"] == bound_us / 1000 and figures["verdict"] == verdict
+
+
+@pytest.mark.parametrize("canary_errors, verdict", [(59, "passed"), (61, "failed")])
+def test_the_canary_error_rate_against_stable_in_the_same_window(tmp_path, canary_errors, verdict):
+    # Stable 0.001 in the window; the canary may exceed it by max_error_rate_increase (0.005): 0.0059 passes,
+    # 0.0061 fails, both under the absolute max_error_rate (0.05 here).
+    limits = Limits(**{**LIMITS.__dict__, "max_error_rate": 0.05})
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    after = snap({"c-0": counters(ok=10_000 - canary_errors, errors=canary_errors)},
+                 {"s-0": counters(ok=9_990, errors=10)})
+    figures = metrics_window(tmp_path, before, after, weight=50, limits=limits)
+    assert figures["stable"]["error_rate"] == pytest.approx(0.001)
+    assert figures["verdict"] == verdict
+    if verdict == "failed":
+        assert "against stable's 0.0010 in the same window > rollout.max_error_rate_increase" in figures["error"]
+
+
+@pytest.mark.parametrize("canary_bound_us, verdict", [(2000.0, "passed"), (2001.0, "failed")])
+def test_the_canary_p99_against_stable_in_the_same_window(tmp_path, canary_bound_us, verdict):
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    canary = {canary_bound_us: 1000.0, math.inf: 1000.0}
+    after = snap({"c-0": counters(ok=1000, latency_us=canary)}, {"s-0": counters(ok=1000 - SENT)})
+    figures = metrics_window(tmp_path, before, after, weight=50)
+    assert (figures["p99_ms"], figures["stable"]["p99_ms"]) == (canary_bound_us / 1000, 1.0)
+    assert figures["verdict"] == verdict
+
+
+def test_relative_limits_need_stable_traffic(tmp_path):
+    # No stable request in the window: nothing to compare with, the absolute limits decide.
+    after = snap({"c-0": counters(ok=5 + SENT, errors=0)}, {"s-0": counters()})
+    figures = metrics_window(tmp_path, snap({"c-0": counters()}, {"s-0": counters()}), after)
+    assert figures["verdict"] == "passed" and figures["share"]["checked"] is False
+
+
+@pytest.mark.parametrize("before, after, reason", [
+    (snap({"c-0": counters()}), snap({"c-0": counters(ok=SENT)}, missing={"canary": ["c-1"]}),
+     "no metrics from the canary server(s) c-1 (failed scrape)"),
+    (snap({"c-0": counters()}, missing={"stable": ["s-1"]}), snap({"c-0": counters(ok=SENT)}),
+     "no metrics from the stable server(s) s-1 (failed scrape)"),
+    (snap({"c-0": counters()}), snap({"c-0": counters(ok=SENT), "c-1": counters(ok=3)}),
+     "the canary servers changed during the window (c-1)"),
+    (snap({"c-0": counters(ok=500)}), snap({"c-0": counters(ok=SENT)}),
+     "the counters of canary server c-0 went down (it restarted)"),
+    (snap({"c-0": counters()}), snap({"c-0": counters(ok=SENT - 1)}),
+     f"the canary servers counted {SENT - 1} predictions while the verifier had {SENT} answered"),
+    (snap({}), snap({}), "the canary servers counted 0 predictions"),
+])
+def test_windows_the_figures_of_which_cannot_be_trusted_are_inconclusive(tmp_path, before, after, reason):
+    figures = metrics_window(tmp_path, before, after)
+    assert figures["verdict"] == INCONCLUSIVE and reason in figures["inconclusive"], figures
+    assert "error" not in figures
+
+
+def test_a_metrics_source_that_cannot_be_read_makes_the_window_inconclusive(tmp_path):
+    figures = metrics_window(tmp_path, snap({"c-0": counters()}), MetricsError("Prometheus at http://p:9090 refused"))
+    assert figures["verdict"] == INCONCLUSIVE and figures["inconclusive"] == "Prometheus at http://p:9090 refused"
+
+
+def test_a_canary_failing_its_limits_fails_whatever_share_it_got(tmp_path):
+    after = snap({"c-0": counters(ok=SENT, errors=100)}, {"s-0": counters(ok=1000)})
+    figures = metrics_window(tmp_path, snap({"c-0": counters()}, {"s-0": counters()}), after, weight=50)
+    assert figures["verdict"] == "failed" and figures["share"]["inconclusive"]
+
+
+@pytest.mark.parametrize("canary_user, weight, verdict", [
+    (560, 50, "passed"), (565, 50, INCONCLUSIVE), (440, 50, "passed"), (435, 50, INCONCLUSIVE),
+    (3, 0, "passed"), (5, 0, INCONCLUSIVE), (997, 100, "passed"), (995, 100, INCONCLUSIVE),
+])
+def test_the_canary_share_of_user_traffic_must_match_the_step_within_a_binomial_tolerance(
+        tmp_path, canary_user, weight, verdict):
+    # 1000 user requests: at 50%, 4 sigma is 6.3 points; at 0% and 100%, 4 requests in 1000.
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    after = snap({"c-0": counters(ok=canary_user + SENT)}, {"s-0": counters(ok=1000 - canary_user)})
+    figures = metrics_window(tmp_path, before, after, weight=weight)
+    assert figures["share"]["observed"] == pytest.approx(canary_user / 1000)
+    assert figures["verdict"] == verdict
+    if verdict == INCONCLUSIVE:
+        assert "the route does not carry the step's weights" in figures["inconclusive"]
+
+
+def test_the_share_is_judged_only_with_enough_user_traffic():
+    assert share_check(0, MIN_SHARE_REQUESTS - 1, 50, 4.0)["checked"] is False
+    assert share_check(0, MIN_SHARE_REQUESTS, 50, 4.0)["checked"] is True
+    assert "inconclusive" in share_check(0, MIN_SHARE_REQUESTS, 50, 4.0)
+
+
+def test_window_figures_add_up_every_server_of_the_track():
+    before = Snapshot({"canary": {"a": counters(ok=1), "b": counters(ok=2)}})
+    after = Snapshot({"canary": {"a": counters(ok=11, errors=1), "b": counters(ok=32, errors=2)}})
+    figures = window_figures(before, after, "canary")
+    assert (figures["requests"], figures["errors"], figures["predictions"], figures["servers"]) == (43, 3, 40, 2)
+    assert figures["error_rate"] == pytest.approx(3 / 43)

@@ -14,12 +14,14 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.synced
 CHROMIUM := /usr/bin/chromium
+HAPROXY := /usr/sbin/haproxy
+PROMETHEUS := /usr/bin/prometheus
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data
+.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
@@ -30,8 +32,12 @@ help:
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
 	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~80 min)"
 	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
+	@echo "make deploy-deps  install haproxy and prometheus (as root, apt) for mlops deploy local"
 
-setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM)
+setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM) $(HAPROXY) $(PROMETHEUS)
+
+# HAProxy and Prometheus (Debian's packages) for `mlops deploy local` and the rollout tests that run them.
+deploy-deps: $(HAPROXY) $(PROMETHEUS)
 
 # Debian's chromium, in which tests load the run report (tests/browser.py): installed as root (CI); otherwise a
 # sentence says how, and only those tests fail.
@@ -42,6 +48,18 @@ $(CHROMIUM):
 	else \
 	  echo "chromium is missing: the run report's browser tests need it; install it with" \
 	    "'sudo apt-get install -y --no-install-recommends chromium' (Debian)." >&2; \
+	fi
+
+# Installed as root (CI) like chromium; otherwise a sentence says how, and only the local-stack tests fail. The
+# stack runs them as its own processes on its own ports (Debian's prometheus service, where systemd starts it, keeps
+# 9090).
+$(HAPROXY) $(PROMETHEUS):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy prometheus || \
+	  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy prometheus; }; \
+	else \
+	  echo "haproxy or prometheus is missing: \`mlops deploy local\` and its tests need them; install them with" \
+	    "'sudo apt-get install -y --no-install-recommends haproxy prometheus' (Debian), or run 'sudo make deploy-deps'." >&2; \
 	fi
 
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.

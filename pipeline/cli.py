@@ -16,6 +16,7 @@ from components.compat import select_native_log_level
 from pipeline.config import ConfigError, load_config
 from serving import cli as serving_cli
 from serving.rollout import cli as rollout_cli
+from serving.rollout import deploy_cli
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=_init)
     serving_cli.register(commands)
     rollout_cli.register(commands, _add_config_args)
+    deploy_cli.register(commands, _add_config_args)
     train = commands.add_parser(
         "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
     )

@@ -273,6 +273,14 @@ class RolloutLocalConfig:
     stable_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8500"])
     canary_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8511"])
     canary_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8510"])
+    # `mlops deploy local` (serving/rollout/local_stack.py): while it runs, its servers, router and Prometheus replace
+    # the endpoints above. Its state folder (empty: <serving>/.stack), its `mlops serve` processes per track, and the
+    # ports of the router's REST and gRPC frontends and of Prometheus (0: any free one).
+    stack_dir: str = ""
+    servers_per_track: int = 1
+    router_rest_port: int = 8601
+    router_grpc_port: int = 8600
+    prometheus_port: int = 9190
 
 
 @dataclass

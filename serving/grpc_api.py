@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from concurrent import futures
 
 import grpc
@@ -39,6 +40,7 @@ from serving.limits import (
     wire_fields,
 )
 from serving.model_manager import ConfigError, ModelManager
+from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
 from serving.servable import ServableVersion, dtype_label
 
@@ -77,12 +79,13 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict (a coroutine on raw bytes, see `predict_handler`), GetModelMetadata; the others are UNIMPLEMENTED."""
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
-                 parser: futures.Executor, inline_bytes: int) -> None:
+                 parser: futures.Executor, inline_bytes: int, metrics: RequestMetrics | None = None) -> None:
         self.manager = manager
         self.predictor = predictor
         self.admission = admission
         self.parser = parser
         self.inline_bytes = inline_bytes
+        self.metrics = metrics or RequestMetrics()
 
     def _resolve(self, spec: model_pb2.ModelSpec) -> ServableVersion:
         if not spec.name:
@@ -93,9 +96,11 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     async def predict_bytes(self, data: bytes, context) -> bytes:
         """Predict on the event loop. A call whose deadline passes or whose client goes away is cancelled here by
         grpc.aio, and its task leaves the scheduler's queue with it."""
+        started = time.perf_counter()
         try:  # gRPC itself refuses messages over max_request_bytes (RESOURCE_EXHAUSTED)
             self.admission.admit(len(data))
         except ServingRequestError as e:
+            self._record(data, e.code.name, started)
             await context.abort(e.code, e.message)
         try:
             if len(data) > self.inline_bytes:  # a large message is sized up and parsed off the event loop
@@ -112,12 +117,23 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             response.model_spec.signature_name = signature.name
             for name, value in outputs.items():
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
-            return response.SerializeToString()
+            answer = response.SerializeToString()
+            self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started)
+            return answer
         except Exception as e:  # noqa: BLE001 - every error becomes a status; none takes the server down
             status = _status_of(e, "Predict")
         finally:
             self.admission.release(len(data))
+        self._record(data, status[0].name, started)
         await context.abort(*status)
+
+    def _record(self, data: bytes, status: str, started: float) -> None:
+        """Counts a failed Predict under the model its message names, as prediction_service_impl.cc does."""
+        try:
+            model = _wire_model_spec(data).name
+        except ServingRequestError:
+            return
+        self.metrics.record(model, status, "Predict", "GRPC", time.perf_counter() - started)
 
     def _prepare(self, data: bytes) -> tuple[predict_pb2.PredictRequest, ServableVersion, dict[str, np.ndarray]]:
         """Checks the message's cost, parses it and builds the input arrays."""
@@ -244,7 +260,8 @@ class GrpcServer:
     """
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
-                 limits: ServingLimits, host: str, port: int, workers: int, parser: futures.Executor) -> None:
+                 limits: ServingLimits, host: str, port: int, workers: int, parser: futures.Executor,
+                 metrics: RequestMetrics | None = None) -> None:
         # The server's stop() leaves the executor it was given running: stop() shuts it down.
         self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
         self._server = grpc.aio.server(
@@ -258,7 +275,7 @@ class GrpcServer:
             # exhausted thread pool answers), before their messages are read.
             maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
-        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes)
+        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes, metrics)
         self._server.add_generic_rpc_handlers((servicer.predict_handler(),))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, self._server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager), self._server)

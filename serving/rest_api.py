@@ -17,6 +17,7 @@ import logging
 import math
 import re
 import socket
+import time
 from concurrent.futures import Executor
 from typing import Any
 from urllib.parse import unquote
@@ -41,6 +42,7 @@ from serving.limits import (
     max_json_items,
 )
 from serving.model_manager import ModelManager
+from serving.monitoring import METRICS_PATH, RequestMetrics
 from serving.predictor import Predictor
 from serving.servable import ServableVersion, dtype_label
 
@@ -333,25 +335,43 @@ def _parse_version(text: str | None) -> int | None:
     return version
 
 
+def _model_and_api(method: str, path: str) -> tuple[str, str]:
+    """The model a REST request names and its API label as TF Serving's http_server.cc records them ("predict" and
+    the like for POSTs, "" for status and metadata GETs); ("", "") when it names none."""
+    match = PREDICT_PATH.fullmatch(path) if method == "POST" else STATUS_PATH.fullmatch(path)
+    if match is None or not match.group(1):
+        return "", ""
+    return unquote(match.group(1)), match.group(4).lower() if method == "POST" else ""
+
+
 class RestApi:
     """The protocol: maps one HTTP request to a status code and a JSON-serialisable body."""
 
-    def __init__(self, manager: ModelManager, predictor: Predictor, executor: Executor, inline_bytes: int) -> None:
+    def __init__(self, manager: ModelManager, predictor: Predictor, executor: Executor, inline_bytes: int,
+                 metrics: RequestMetrics | None = None) -> None:
         self.manager = manager
         self.predictor = predictor
         self.executor = executor
         self.inline_bytes = inline_bytes
+        self.metrics = metrics or RequestMetrics()
         self._json_limits_cache: dict[int, tuple[ServableVersion, tuple[int, int]]] = {}
 
     async def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
         path = raw_path.split("?", 1)[0]
+        started = time.perf_counter()
+        status = "OK"
         try:
             return 200, await self._dispatch(method, path, body)
         except ServingRequestError as e:
+            status = e.code.name
             return e.http_status, {"error": e.message}
         except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
+            status = "INTERNAL"
             logger.exception("internal error serving %s %s", method, path)
             return 500, {"error": f"Internal error: {e}"}
+        finally:
+            model, api = _model_and_api(method, path)
+            self.metrics.record(model, status, api, "REST", time.perf_counter() - started)
 
     async def _dispatch(self, method: str, path: str, body: bytes) -> dict[str, Any]:
         if method == "POST":
@@ -475,6 +495,9 @@ class RestApp:
             return
         method = scope["method"]
         raw_path = scope["raw_path"].decode("latin-1")
+        if method == "GET" and raw_path.split("?", 1)[0] == METRICS_PATH:
+            await _send_text(send, self.api.metrics.text())
+            return
         length, chunked = _body_framing(scope["headers"])
         body_pending = chunked or length > 0
         try:
@@ -587,6 +610,14 @@ async def _send_json(send, status: int, payload: dict, close: bool) -> None:
     if status == 503:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _send_text(send, text: str) -> None:
+    data = text.encode("utf-8")
+    headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+               (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 

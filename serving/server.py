@@ -30,6 +30,7 @@ from serving.grpc_api import GrpcServer
 from serving.limits import AdmissionControl
 from serving.model_manager import ConfigError, ModelManager, single_model_config
 from serving.model_repository import RepositoryError, parse_model_server_config
+from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
 from serving.rest_api import RestApi, RestApp, RestServer, bind_socket
 
@@ -79,6 +80,8 @@ class ModelServer:
         self.batching = batching
         self.limits = limits or ServingLimits()
         self.admission = AdmissionControl(self.limits.max_in_flight_requests, self.limits.max_in_flight_bytes)
+        # TF Serving's request counters and latency histogram, shared by REST and gRPC (serving/monitoring.py).
+        self.metrics = RequestMetrics()
         self.scheduler: BatchScheduler | None = None
         self._requested_ports = (rest_port, grpc_port)
         self.rest_port: int | None = None
@@ -136,13 +139,13 @@ class ModelServer:
 
         async def start_front_ends() -> None:
             if rest_socket is not None:
-                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes)
+                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes, self.metrics)
                 self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
                 self.rest_port = self._rest.port
                 await self._rest.start()
             if grpc_port is not None:
                 self._grpc = GrpcServer(self.manager, predictor, self.admission, self.limits, self.host, grpc_port,
-                                        self.grpc_workers, self._executor)
+                                        self.grpc_workers, self._executor, self.metrics)
                 self.grpc_port = self._grpc.port
                 await self._grpc.start()
 

@@ -88,18 +88,22 @@ class Backend(ABC):
 
 class LocalBackend(Backend):
     """`mlops serve --model-config <repo>/models.config` (stable) and `--model-config <repo>/models.canary.config`
-    (canary) processes. There is no router on this machine: the weight is recorded in <repo>/.rollouts/<model>-routes
-    .json for whatever routes traffic, and the verifier's own requests are what each window measures."""
+    (canary) processes. With the local stack (`mlops deploy local`, serving/rollout/local_stack.py) the weight is
+    HAProxy's, set and read back through its admin socket, and `metrics` is its Prometheus; without it the weight is
+    only recorded (<repo>/.rollouts/<model>-routes.json) and the verifier's own requests are what a window measures.
+    The recorded weight is kept in both cases: a stack started later begins with it."""
 
     name = "local"
 
     def __init__(self, base_dir: str | Path, model: str, endpoints: dict[str, list[Endpoint]],
-                 timeout_s: float = 5.0) -> None:
-        super().__init__(LocalStateStore(base_dir, model), endpoints)
+                 timeout_s: float = 5.0, router=None, metrics: MetricsSource | None = None) -> None:
+        super().__init__(LocalStateStore(base_dir, model), endpoints, metrics)
         self.base_dir = Path(base_dir)
         self.model = model
         self.timeout_s = timeout_s
         self.routes_path = self.base_dir / ".rollouts" / f"{model}-routes.json"
+        # A serving.rollout.local_stack.Router, or None where no router runs.
+        self.router = router
 
     def _repository(self, track: str) -> ModelRepository:
         return ModelRepository.for_track(self.base_dir, track)
@@ -150,7 +154,9 @@ class LocalBackend(Backend):
         return versions
 
     def set_canary_weight(self, percent: int) -> None:
-        if self.canary_weight() == percent and self.routes_path.exists():
+        if self.router is not None and self.router.canary_weight() != percent:
+            self.router.set_canary_weight(percent)
+        if self.recorded_canary_weight() == percent and self.routes_path.exists():
             return
         self.routes_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".routes.", dir=self.routes_path.parent)
@@ -159,6 +165,11 @@ class LocalBackend(Backend):
         os.replace(tmp, self.routes_path)
 
     def canary_weight(self) -> int:
+        if self.router is not None:
+            return self.router.canary_weight()
+        return self.recorded_canary_weight()
+
+    def recorded_canary_weight(self) -> int:
         try:
             return int(json.loads(self.routes_path.read_text())["canary"])
         except (OSError, ValueError, KeyError):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from serving.rollout.backends import Backend, Endpoint, LocalBackend
 from serving.rollout.controller import Controller
+from serving.rollout.local_stack import running_stack
+from serving.rollout.prometheus import PrometheusSource, source_for
 from serving.rollout.verify import Limits, Verifier, load_golden_rows
 
 
@@ -20,17 +22,27 @@ def _endpoints(section) -> dict[str, list[Endpoint]]:
 
 def build_backend(config) -> Backend:
     rollout = config.rollout
+    metrics = source_for(rollout.prometheus)
     if rollout.backend == "local":
-        return LocalBackend(config.serving_base_dir, config.model_name, _endpoints(rollout.local),
-                            rollout.request_timeout_seconds)
+        stack = running_stack(config.serving_base_dir, rollout.local.stack_dir)
+        if stack is None:
+            return LocalBackend(config.serving_base_dir, config.model_name, _endpoints(rollout.local),
+                                rollout.request_timeout_seconds, metrics=metrics)
+        # `mlops deploy local` runs: its servers, its router and (unless rollout.prometheus.url names another) its
+        # Prometheus.
+        metrics = metrics or PrometheusSource(stack.prometheus_url, stack.track_label, "", stack.scrape_interval_s,
+                                              rollout.prometheus.request_timeout_seconds)
+        return LocalBackend(config.serving_base_dir, config.model_name, stack.endpoints(),
+                            rollout.request_timeout_seconds, router=stack.router(), metrics=metrics)
     from serving.rollout import kube
 
     if rollout.backend == "kubernetes":
         return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
                                       rollout.request_timeout_seconds,
-                                      lease_duration_s=rollout.lease_duration_seconds)
+                                      lease_duration_s=rollout.lease_duration_seconds, metrics=metrics)
     return kube.KubeDLBackend(rollout.kubedl, config.model_name, _endpoints(rollout.kubedl),
-                              rollout.request_timeout_seconds, lease_duration_s=rollout.lease_duration_seconds)
+                              rollout.request_timeout_seconds, lease_duration_s=rollout.lease_duration_seconds,
+                              metrics=metrics)
 
 
 def build_controller(config, backend: Backend | None = None, log: Callable[[str], None] = print) -> Controller:

@@ -1,8 +1,9 @@
 """The cluster backends, through the official `kubernetes` client: `kubernetes` (k8s/serving: the tracks' models.config
-ConfigMaps, Gateway API route weights, pods' model status and Prometheus metrics read through the API server's pod
-proxy, the rollout state in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per model version behind
-the project's Gateway API routes). Every update carries the resourceVersion it read; a 409 Conflict means someone
-changed the object meanwhile, so the change is made again on a fresh read."""
+ConfigMaps, Gateway API route weights, pods' model status read through the API server's pod proxy, the rollout state
+in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per model version behind the project's Gateway API
+routes). The pods' metrics come from Prometheus (serving/rollout/prometheus.py). Every update carries the
+resourceVersion it read; a 409 Conflict means someone changed the object meanwhile, so the change is made again on a
+fresh read."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from serving.model_repository import parse_model_server_config
 from serving.rollout.backends import Backend, BackendError, Endpoint, ServerView
-from serving.rollout.metrics import ModelCounters, model_counters, parse_prometheus_text
+from serving.rollout.metrics import MetricsSource
 from serving.rollout.state import (
     EMPTY,
     ControllerBusyError,
@@ -260,7 +261,6 @@ class _PodsMixin:
     core: client.CoreV1Api
     namespace: str
     rest_port: int
-    metrics_path: str
 
     def _pods(self, selector: str) -> list[str]:
         """The Ready pods that are not terminating: the ones a Service sends traffic to (EndpointSlice readiness,
@@ -309,15 +309,6 @@ class _PodsMixin:
                 versions.append(None)
         return versions
 
-    def _scrape(self, selector: str, model: str) -> list[ModelCounters] | None:
-        counters = []
-        for pod in self._pods(selector):
-            status, body = self._proxy_get(pod, self.metrics_path)
-            if status != 200:
-                return None
-            counters.append(model_counters(parse_prometheus_text(body), model))
-        return counters or None
-
 
 class KubernetesBackend(_PodsMixin, Backend):
     """k8s/serving: two Deployments (tracks) reading their models.config ConfigMaps, behind weighted routes."""
@@ -325,18 +316,20 @@ class KubernetesBackend(_PodsMixin, Backend):
     name = "kubernetes"
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
-                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0) -> None:
+                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
+                 metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.settings = settings
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
-        self.metrics_path = settings.metrics_path
         self.timeout_s = timeout_s
         store = ConfigMapStateStore(self.core, self.namespace, settings.state_config_map, model,
                                     client.CoordinationV1Api(api), lease_duration_s)
-        super().__init__(store, endpoints)
+        # The pods' TF Serving metrics come from Prometheus (rollout.prometheus), never through the API server's pod
+        # proxy, which the NetworkPolicy of k8s/serving blocks on a multi-node cluster.
+        super().__init__(store, endpoints, metrics)
 
     def _config_map_name(self, track: str) -> str:
         return {"stable": self.settings.stable_config_map, "canary": self.settings.canary_config_map}[track]
@@ -471,7 +464,8 @@ class KubeDLBackend(_PodsMixin, Backend):
     REST_PORT, GRPC_PORT = 8080, 9000
 
     def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
-                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0) -> None:
+                 api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
+                 metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -479,11 +473,10 @@ class KubeDLBackend(_PodsMixin, Backend):
         self.model = model
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
-        self.metrics_path = settings.metrics_path
         self.timeout_s = timeout_s
         store = ConfigMapStateStore(self.core, self.namespace, f"{settings.inference}-rollout", model,
                                     client.CoordinationV1Api(api), lease_duration_s)
-        super().__init__(store, endpoints)
+        super().__init__(store, endpoints, metrics)
 
     def _inference_name(self, version: int) -> str:
         return f"{self.settings.inference}-v{version}"

@@ -1,11 +1,16 @@
 """A finished rollout as files a person can open: the record as JSON and a self-contained HTML page (steps,
-verification figures per step against their limits, the decision)."""
+verification figures per step against their limits, the decision, and where a Prometheus measured the servers, the
+traffic per track over the rollout's time: request rate, error rate and p99 latency, with the steps and the verdict
+marked)."""
 from __future__ import annotations
 
+import calendar
 import html
 import json
+import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +42,36 @@ def _write_atomically(path: str, text: str) -> None:
         f.write(text)
 
 
-def write_report(folder: str | Path, record: dict[str, Any]) -> str:
-    """Writes `<model>-v<candidate>-<id>.json` and `.html` under `folder` (replacing them whole); returns the page."""
+def write_report(folder: str | Path, record: dict[str, Any], metrics: Any = None) -> str:
+    """Writes `<model>-v<candidate>-<id>.json` and `.html` under `folder` (replacing them whole); returns the page.
+    With `metrics` (a PrometheusSource: the backend's), the page charts the traffic Prometheus saw."""
     json_path, html_path = report_paths(folder, record)
     _write_atomically(json_path, json.dumps(record, indent=2, sort_keys=True))
-    _write_atomically(html_path, render_html(record))
+    _write_atomically(html_path, render_html(record, traffic_of(record, metrics)))
     return html_path
+
+
+def _seconds(stamp: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
+
+
+def traffic_of(record: dict[str, Any], metrics: Any) -> dict[str, Any] | None:
+    """The rollout's traffic per track from Prometheus (query_range over its start to its end, a little either side),
+    {"error": why} when Prometheus could not answer, None without one."""
+    if metrics is None or not hasattr(metrics, "traffic"):
+        return None
+    start = _seconds(record.get("started_at", ""))
+    end = _seconds(record.get("finished_at", "")) or time.time()
+    if start is None:
+        return None
+    try:
+        # Event stamps are whole seconds: one second either side holds the first and last step.
+        return metrics.traffic(record["model"], start - 1, max(end + 1, start + 2))
+    except Exception as e:  # noqa: BLE001 - a report without its chart beats no report
+        return {"error": f"Prometheus could not be read for the traffic chart: {e}"}
 
 
 def _e(value: Any) -> str:
@@ -78,7 +107,94 @@ def _chart(rows: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-def render_html(record: dict[str, Any]) -> str:
+_TRACK_COLORS = {"stable": "#0969da", "canary": "#bf8700"}
+_FIGURES = (("requests_per_second", "requests per second", "{:.1f}"), ("error_rate", "error rate", "{:.3f}"),
+            ("p99_ms", "p99 latency (ms)", "{:.1f}"))
+
+
+def _markers(record: dict[str, Any]) -> list[tuple[float, str, str]]:
+    """(time, label, color): each verification (the step it verified, passed or failed) and the verdict."""
+    marks = []
+    steps = record.get("steps", [])
+    for event in record.get("events", []):
+        at = _seconds(event.get("at", ""))
+        figures = event.get("figures")
+        if at is None or figures is None:
+            continue
+        weight = figures.get("weight", 0)
+        if figures.get("error"):
+            marks.append((at, f"{weight}% failed", "#cf222e"))
+            continue
+        later = [s for s in steps if s > weight]
+        marks.append((at, f"{weight}% verified, to {later[0]}%" if later else f"{weight}% verified, promote",
+                      "#1a7f37"))
+    end = _seconds(record.get("finished_at", ""))
+    if end is not None and record.get("outcome"):
+        marks.append((end, record["outcome"].replace("_", " ").upper(),
+                      "#1a7f37" if record["outcome"] == "promoted" else "#cf222e"))
+    return marks
+
+
+def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
+    """One SVG panel per figure: a line per track over time, dashed lines at the steps and the verdict."""
+    times = traffic["times"]
+    if len(times) < 2:
+        return "<p>Prometheus holds too few samples of this rollout to chart.</p>"
+    width, height, left, right, top = 900, 130, 60, 20, 22
+    t0, t1 = times[0], times[-1]
+
+    def x(t: float) -> float:
+        return left + (width - left - right) * (t - t0) / (t1 - t0)
+
+    panels = []
+    for key, title, fmt in _FIGURES:
+        values = [v for figures in traffic["tracks"].values() for v in figures[key] if v is not None]
+        top_value = max(values, default=0.0) or 1.0
+
+        def y(v: float, top_value=top_value) -> float:
+            return top + (height - top - 20) * (1 - v / top_value)
+
+        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+                 f'data-chart="traffic-{key}" aria-label="{_e(title)} per track over the rollout">',
+                 f'<text x="{left}" y="14" font-size="12" font-weight="bold">{_e(title)}</text>',
+                 f'<line x1="{left}" y1="{height - 20}" x2="{width - right}" y2="{height - 20}" stroke="#999"/>',
+                 f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{fmt.format(top_value)}</text>',
+                 f'<text x="{left - 4}" y="{height - 20}" font-size="10" text-anchor="end">0</text>',
+                 f'<text x="{left}" y="{height - 4}" font-size="10">0 s</text>',
+                 f'<text x="{width - right}" y="{height - 4}" font-size="10" text-anchor="end">'
+                 f'{t1 - t0:.0f} s</text>']
+        for at, label, color in _markers(record):
+            if t0 <= at <= t1:
+                parts.append(f'<line x1="{x(at):.1f}" y1="{top}" x2="{x(at):.1f}" y2="{height - 20}" '
+                             f'stroke="{color}" stroke-dasharray="4 3"/>')
+                parts.append(f'<text x="{x(at) + 2:.1f}" y="{top + 10}" font-size="9" fill="{color}">'
+                             f'{_e(label)}</text>')
+        for track, figures in sorted(traffic["tracks"].items()):
+            segment: list[str] = []
+            segments = []
+            for t, v in zip(times, figures[key], strict=True):
+                if v is None or not math.isfinite(v):
+                    if segment:
+                        segments.append(segment)
+                    segment = []
+                else:
+                    segment.append(f"{x(t):.1f},{y(v):.1f}")
+            if segment:
+                segments.append(segment)
+            color = _TRACK_COLORS.get(track, "#666")
+            for points in segments:
+                parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" data-track="{_e(track)}" '
+                             f'points="{" ".join(points)}"/>')
+        parts.append("</svg>")
+        panels.append("".join(parts))
+    legend = " ".join(f"<span style='color:{_TRACK_COLORS.get(t, '#666')}'>&#9632; {_e(t)}</span>"
+                      for t in sorted(traffic["tracks"]))
+    return (f"<p>{legend}: what the servers counted, from Prometheus. As TF Serving's request_count does, the error "
+            "rate counts status and metadata requests too, so the controller's polls for a version still loading "
+            "(NOT_FOUND) show where a track has little traffic.</p>" + "<br>".join(panels))
+
+
+def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -> str:
     outcome = record.get("outcome", "in progress")
     limits = record.get("limits") or {}
     summary = [("model", record["model"]), ("candidate version", record["candidate"]),
@@ -120,6 +236,10 @@ def render_html(record: dict[str, Any]) -> str:
                      _number(window.get("error_rate"), 4), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")
+    if traffic is not None:
+        out.append("<h2>Traffic per track</h2>")
+        out.append(f"<p class='failed'>{_e(traffic['error'])}</p>" if "error" in traffic
+                   else traffic_chart(record, traffic))
     out += ["<h2>Steps</h2><table><tr><th>at (UTC)</th><th>phase</th><th>next</th><th>what happened</th></tr>",
             *(f"<tr><td>{_e(e.get('at', ''))}</td><td>{_e(e.get('phase', ''))}</td><td>{_e(e.get('next', ''))}</td>"
               f"<td>{_e(e.get('message', ''))}</td></tr>" for e in record.get("events", [])),

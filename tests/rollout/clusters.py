@@ -14,12 +14,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 from google.protobuf import text_format
 
 from serving.model_repository import ModelRepository, read_model_server_config
+from serving.rollout import local_stack
 from serving.server import ModelServer
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, REPO_ROOT
 from tests.rollout.fake_apiserver import FakeApiServer
@@ -37,6 +39,47 @@ ONE_STEP_PROMOTION = [
 def _track_config(path: Path) -> tuple[list[int], dict[str, int]]:
     config = read_model_server_config(path).model_config_list.config[0]
     return sorted(config.model_version_policy.specific.versions), dict(config.version_labels)
+
+
+SCRAPE_S = 0.25
+
+
+class PodExporter:
+    """A pod's TF Serving metrics page on a loopback port, for a real Prometheus to scrape (the fake pods are API
+    objects, which no Prometheus can reach): each scrape finds 100 more predictions and 2 status GETs counted
+    (tests/rollout/fake_pods.py), `error_share` of the predictions failed."""
+
+    def __init__(self, error_share: float) -> None:
+        self.error_share = error_share
+        self.scrapes = 0
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if self.path != "/monitoring/prometheus/metrics":
+                    self.send_error(404)
+                    return
+                exporter.scrapes += 1
+                body = prometheus_text(MODEL, exporter.scrapes, exporter.error_share).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class BaseCluster:
@@ -88,16 +131,74 @@ class BaseCluster:
         return [summary for k, n, summary in self.writes if (k, n) == (kind, name)]
 
 
+class Gateway(threading.Thread):
+    """What the Gateway API routes do with user traffic: REST predictions (~40 a second) sent to the stable or the
+    canary server as the HTTPRoute's weights say at that moment (smooth weighted round robin, as Envoy's). With
+    `canary_error_share`, that share of the canary's requests is malformed (400 INVALID_ARGUMENT): a canary failing
+    part of its traffic."""
+
+    def __init__(self, cluster: ServingCluster, canary_error_share: float) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.canary_error_share = canary_error_share
+        self.stop_event = threading.Event()
+        self.sent = {"stable": 0, "canary": 0}
+        self.failed: list[str] = []
+
+    def run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        credit = {"stable": 0.0, "canary": 0.0}
+        canary_sent = 0
+        last: dict[str, int] = {}
+        while not self.stop_event.is_set():
+            weights = self.cluster.weights()["HTTPRoute"]
+            share = {"stable": weights["tfserving-stable"], "canary": weights["tfserving-canary"]}
+            if share != last:  # new weights start a new round: no credit carried over from the old ones
+                credit, last = {"stable": 0.0, "canary": 0.0}, share
+            for track in credit:
+                credit[track] += share[track]
+            track = max(credit, key=credit.get)
+            credit[track] -= sum(share.values())
+            row = {"fare": 2.5, "trip_start_hour": 7, "payment_type": "Cash"}
+            if track == "canary":
+                canary_sent += 1
+                if self.canary_error_share and canary_sent % round(1 / self.canary_error_share) == 0:
+                    row = {"fare": 2.5}  # a missing input: the server answers 400
+            request = urllib.request.Request(f"{self.cluster.servers[track].rest_url}/v1/models/{MODEL}:predict",
+                                             json.dumps({"instances": [row]}).encode(), method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    pass
+            except urllib.error.HTTPError as e:
+                if e.code != 400 or track != "canary":
+                    self.failed.append(f"{track}: {e.code}")
+            except OSError as e:
+                self.failed.append(f"{track}: {e}")
+            self.sent[track] += 1
+            self.stop_event.wait(0.025)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=30)
+
+
 class ServingCluster(BaseCluster):
     """k8s/serving: a track ConfigMap per track, the routes, two stable pods and a canary pod. One local server per
     track stands for its pods; the "kubelet" swaps a track's models.config file when its ConfigMap changes, unless
-    TF Serving would refuse that config, which is then recorded in `refused` and not applied."""
+    TF Serving would refuse that config, which is then recorded in `refused` and not applied. A real Prometheus
+    scrapes the servers' metrics pages (the pods are API objects no Prometheus can reach, so its targets are the
+    servers standing for them, one per track), while a `Gateway` sends user traffic by the routes' weights."""
 
     def __init__(self, root: Path, tiny_versions: dict[int, Path], error_share: float = 0.0) -> None:
         super().__init__(root, tiny_versions)
         self.error_share = error_share
-        self.scrapes = 0
         self.refused: list[str] = []
+        self.prometheus = None
+        self.prometheus_url = ""
+        self.gateway: Gateway | None = None
+        self.proxied: list[str] = []
         for track in ("stable", "canary"):
             repo = ModelRepository(self.base, root / f"{track}.config", served_base_dir=str(self.base))
             config = repo.serve(MODEL, [1], {track: 1})
@@ -138,10 +239,30 @@ class ServingCluster(BaseCluster):
                 else:
                     os.replace(tmp, target)  # atomically, as the kubelet swaps a mounted ConfigMap
 
+    def __enter__(self):
+        super().__enter__()
+        try:
+            local_stack.binaries()
+        except local_stack.StackError as e:
+            self.__exit__(None, None, None)
+            raise AssertionError(str(e)) from None
+        targets = {track: [server.rest_url.split("://", 1)[1]] for track, server in self.servers.items()}
+        self.prometheus, self.prometheus_url = local_stack.run_prometheus(self.root / "prometheus", targets,
+                                                                          SCRAPE_S)
+        self.gateway = Gateway(self, self.error_share)
+        self.gateway.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+        if self.prometheus is not None:
+            self.prometheus.terminate()
+            self.prometheus.wait(timeout=20)
+        super().__exit__(*exc)
+
     def proxy(self, track: str, path: str) -> tuple[int, str]:
-        if path.startswith("monitoring/prometheus/metrics"):
-            self.scrapes += 1
-            return 200, prometheus_text(MODEL, self.scrapes, self.error_share)
+        self.proxied.append(path)
         return tf_serving_get(self.servers[track].rest_url, path)
 
     def overrides(self) -> list[str]:
@@ -149,8 +270,9 @@ class ServingCluster(BaseCluster):
         return [
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
-            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=0.3",
-            "rollout.max_p99_ms=100",  # the metrics' p99 is 3.6 ms; the GETs' latency, were it counted, 24 s
+            f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=1",
+            f"rollout.prometheus.url={self.prometheus_url}", f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}",
+            "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",  # real latencies on a shared machine
             f"rollout.kubernetes.stable_rest=['{s.rest_url}']", f"rollout.kubernetes.stable_grpc=['{s.grpc_target}']",
             f"rollout.kubernetes.canary_rest=['{c.rest_url}']", f"rollout.kubernetes.canary_grpc=['{c.grpc_target}']",
         ]

@@ -1,7 +1,8 @@
 """The kubernetes backend through the real `kubernetes` client against a fake API server (tests/rollout/clusters.py):
 ConfigMaps, routes and pods with resourceVersion and 409 Conflict, a "kubelet" that applies a models.config as TF
 Serving would (refusing a label moved to a version not yet AVAILABLE), pods answering as TF Serving 2.16.1 does
-(a label's status is the model's status) and exporting its Prometheus metrics."""
+(a label's status is the model's status), user traffic sent by the routes' weights, and a real Prometheus scraping the
+servers that stand for the pods (the fake pods are API objects no Prometheus can reach)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,6 @@ from tests.rollout.clusters import (
     rollout_killed_after_every_write,
 )
 from tests.rollout.conftest import MODEL
-from tests.rollout.fake_pods import p99_ms_of_fast_bucket
 
 ALL_ON_STABLE = {"HTTPRoute": {"tfserving-stable": 100, "tfserving-canary": 0},
                  "GRPCRoute": {"tfserving-stable": 100, "tfserving-canary": 0}}
@@ -41,10 +41,10 @@ def test_a_rollout_through_the_api_retries_conflicts_and_promotes(cluster):
     assert cluster.fake.conflicts_sent == 4
     assert cluster.refused == [], "every label moved only to a version already AVAILABLE"
     windows = [e["figures"]["window"] for e in record["events"] if "figures" in e]
-    assert [w["source"] for w in windows] == ["prometheus"] * 3
-    # 100 predictions and 2 status GETs per window; the p99 of the predictions alone (the GETs' latency is not theirs).
-    assert all(w["requests"] == 102 and w["error_rate"] == 0 for w in windows)
-    assert all(w["p99_ms"] == pytest.approx(p99_ms_of_fast_bucket()) for w in windows)
+    assert len(windows) >= 3 and {w["source"] for w in windows} == {"prometheus"}
+    assert all(w["requests"] > 0 and w["error_rate"] == 0 and 0 < w["p99_ms"] <= 2000 for w in windows), windows
+    assert not [p for p in cluster.proxied if p.startswith("monitoring")], "no metrics through the pod proxy"
+    assert cluster.gateway.failed == [] and cluster.gateway.sent["canary"] > 0, "user traffic followed the routes"
     assert cluster.models_config("stable") == ([2], {"stable": 2})
     assert cluster.models_config("canary") == ([2], {"canary": 2})
     assert cluster.weights() == ALL_ON_STABLE
@@ -57,14 +57,15 @@ def test_a_rollout_through_the_api_retries_conflicts_and_promotes(cluster):
     assert (cluster.root / "rollouts" / f"{MODEL}-v2-{record['id']}.html").exists()
 
 
-@pytest.mark.parametrize("cluster", [0.05], indirect=True)
+@pytest.mark.parametrize("cluster", [0.2], indirect=True)
 def test_canary_errors_in_the_prometheus_metrics_roll_back(cluster):
     lines: list[str] = []
     controller = build_controller(load_config(None, cluster.overrides()), log=lines.append)
     record = controller.start(2)
     print("\n".join(lines))
-    # 5 failed of 100 predictions and 2 status GETs.
-    assert record["outcome"] == "rolled_back" and "error rate 0.0490 > rollout.max_error_rate" in record["reason"]
+    # One in five of the user requests the route gave the canary failed: at the 50% step its error rate is far over.
+    assert record["outcome"] == "rolled_back" and "verification at 50% failed: error rate" in record["reason"], (
+        record["reason"])
     assert cluster.models_config("stable") == ([1], {"stable": 1})
     assert cluster.models_config("canary") == ([1], {"canary": 1})
     assert cluster.weights() == ALL_ON_STABLE

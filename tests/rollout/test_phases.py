@@ -260,6 +260,9 @@ def test_a_controller_whose_rollout_was_moved_by_another_stops_without_touching_
     except (StateConflictError, RolloutError) as e:
         first = str(e)
     assert writes_when_second_finished, "the second controller ran"
+    second_outcome = outcomes[0].get("outcome") or outcomes[0].get("refused") or outcomes[0].get("phase")
+    print(f"start, {second} after event {index} {fleet.events[index][:2]} | second: {second_outcome} | first: "
+          f"{first} | {fleet.backend.served()}")
     if "refused" not in outcomes[0]:
         assert first != "finished", "the first controller noticed that another one moved its rollout"
     assert len(fleet.backend.writes) == writes_when_second_finished[0], (

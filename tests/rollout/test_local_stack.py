@@ -1,0 +1,290 @@
+"""The local stack for real (`mlops deploy local`): `mlops serve` processes behind HAProxy, measured by Prometheus. A
+client sends requests through the router (REST and gRPC in turn) for the whole of each rollout; at every step the
+share of them that reached the canary matches the step's weight (binomial tolerance), no request fails through a
+promotion, and every snapshot the verifier took from Prometheus equals what the servers counted."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from pipeline.config import load_config
+from serving.model_repository import ModelRepository
+from serving.rollout import local_stack
+from serving.rollout.factory import build_backend, build_controller
+from serving.rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
+from serving.rollout.prometheus import PrometheusError, PrometheusSource
+from serving.rollout.report import traffic_of, write_report
+from tests.browser import render
+from tests.rollout.conftest import GOLDEN_CSV, MODEL, ROW, answering_version
+from tests.serving.conftest import TinyTaxiModel, _signature_spec
+
+pytestmark = pytest.mark.timeout(600)
+SCRAPE_S = 0.25
+SIGMAS = 4.0
+# Version 3 agrees with versions 1 and 2 on every golden row (fares 0, 1.5, 3, ...) and fails every request with
+# fare 2.5, which is what the client sends: a canary that answers errors (INTERNAL, HTTP 500) to real traffic only.
+FAILING_BIAS = -2.9985
+REFUSED_FARE = 2.5
+
+
+def save_failing_model(export_dir, bias: float):
+    module = TinyTaxiModel(bias)
+
+    @tf.function(input_signature=_signature_spec())
+    def serve(fare, trip_start_hour, payment_type):
+        # A NotFoundError, not a failed assert: that would be INVALID_ARGUMENT, which the client retries once.
+        failure = tf.cond(tf.reduce_any(tf.equal(fare, REFUSED_FARE)),
+                          lambda: tf.io.read_file("/nonexistent/this canary refuses 2.5"), lambda: tf.constant(""))
+        with tf.control_dependencies([failure]):
+            return {"probabilities": tf.sigmoid(module.logits(fare, trip_start_hour, payment_type))}
+
+    tf.saved_model.save(module, str(export_dir), signatures={"serving_default": serve})
+    return export_dir
+
+
+class RouterClient(threading.Thread):
+    """Unversioned requests through the router, REST and gRPC in turn (~40 a second). Each request is bracketed by
+    the canary's weight as HAProxy reports it before and after, so it counts for a step only when the weight held."""
+
+    def __init__(self, stack: local_stack.Stack) -> None:
+        super().__init__(daemon=True)
+        self.stack = stack
+        self.router = stack.router()
+        self.stop_event = threading.Event()
+        self.gate = threading.Lock()  # held during each request: pause() waits for the one in flight
+        # (canary weight before, after, transport, answering version, error)
+        self.results: list[tuple[int, int, str, int | None, str]] = []
+
+    def run(self) -> None:
+        from serving.client import GrpcClient, RestClient
+
+        canary = self.router.servers["canary"][0]
+        with RestClient(self.stack.router_rest, retries=0) as rest, \
+                GrpcClient(self.stack.router_grpc, retries=0) as grpc:
+            while not self.stop_event.is_set():
+                transport = "rest" if len(self.results) % 2 == 0 else "grpc"
+                with self.gate:
+                    before = self.router.weight(transport, canary)
+                    version, error = None, ""
+                    try:
+                        [value] = (rest if transport == "rest" else grpc).predict(ROW, MODEL, timeout=5.0)
+                        version = answering_version(value)
+                    except Exception as e:  # noqa: BLE001 - every failure counts, whatever its kind
+                        error = f"{type(e).__name__}: {e}"
+                    after = self.router.weight(transport, canary)
+                self.results.append((before, after, transport, version, error))
+                self.stop_event.wait(0.025)
+
+    def pause(self) -> None:
+        self.gate.acquire()
+
+    def resume(self) -> None:
+        self.gate.release()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=30)
+
+
+def direct_counters(stack: local_stack.Stack) -> dict[str, dict]:
+    """Every server's own counters, read from its metrics page."""
+    counters: dict[str, dict] = {}
+    for server in stack.servers:
+        with urllib.request.urlopen(f"{server.rest}/monitoring/prometheus/metrics", timeout=5) as response:
+            text = response.read().decode()
+        counters.setdefault(server.track, {})[server.rest.split("://", 1)[1]] = model_counters(
+            parse_prometheus_text(text), MODEL)
+    return counters
+
+
+class CheckedMetrics(MetricsSource):
+    """The stack's Prometheus, with the client paused around each snapshot: the servers are then still, so what
+    Prometheus reports must equal what each server's own page says, before and after."""
+
+    name = "prometheus"
+
+    def __init__(self, inner: MetricsSource, stack: local_stack.Stack, client: RouterClient) -> None:
+        self.inner, self.stack, self.client = inner, stack, client
+        self.checks: list[tuple[Snapshot, dict]] = []
+
+    def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
+        self.client.pause()
+        try:
+            direct = direct_counters(self.stack)
+            snapshot = self.inner.snapshot(model, fresh_after=time.time())
+            assert direct_counters(self.stack) == direct, "nothing reached the servers while paused"
+            self.checks.append((snapshot, direct))
+            return snapshot
+        finally:
+            self.client.resume()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_versions):
+    try:
+        local_stack.binaries()
+    except local_stack.StackError as e:
+        pytest.fail(str(e))
+    root = tmp_path_factory.mktemp("local_stack")
+    base = root / "serving"
+    repository = ModelRepository(base)
+    repository.add_version(MODEL, tiny_versions[1], version=1)
+    repository.add_version(MODEL, tiny_versions[2], version=2)
+    repository.add_version(MODEL, save_failing_model(root / "failing", FAILING_BIAS), version=3)
+    ModelRepository.for_track(base, "stable").serve(MODEL, [1], {"stable": 1})
+    ModelRepository.for_track(base, "canary").serve(MODEL, [1], {"canary": 1})
+    (root / "golden.csv").write_text(GOLDEN_CSV)
+    started = local_stack.start(base, MODEL, scrape_interval_s=SCRAPE_S)
+    try:
+        yield {"root": root, "base": base, "stack": started}
+    finally:
+        stopped = local_stack.stop(base)
+        assert len(stopped) == 4, stopped
+        assert local_stack.running_stack(base) is None
+
+
+def overrides(fleet, *extra: str) -> list[str]:
+    return [f"output_root={fleet['root']}", f"model_name={MODEL}",
+            f"rollout.golden_data={fleet['root'] / 'golden.csv'}", "rollout.golden_rows=24",
+            "rollout.steps=[10,50,100]", "rollout.window_seconds=2",
+            # Latency is the gate's tests' subject (tests/rollout/test_verify_gate.py); here, on a shared machine, a few
+            # milliseconds of p99 either way are noise, so only a canary gone very slow would fail.
+            "rollout.window_requests_per_second=20", "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",
+            "rollout.load_timeout_seconds=60",
+            "rollout.keep_previous_seconds=1", "rollout.poll_seconds=0.05",
+            f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}", *extra]
+
+
+def rollout_with_traffic(fleet, version: int):
+    stack = fleet["stack"]
+    config = load_config(None, overrides(fleet))
+    backend = build_backend(config)
+    assert backend.router is not None and isinstance(backend.metrics, PrometheusSource), "the stack is picked up"
+    client = RouterClient(stack)
+    backend.metrics = CheckedMetrics(backend.metrics, stack, client)
+    lines: list[str] = []
+    controller = build_controller(config, backend, log=lines.append)
+    client.start()
+    time.sleep(0.5)
+    try:
+        record = controller.start(version)
+    finally:
+        time.sleep(0.5)
+        client.stop()
+    print("\n".join(lines))
+    return record, client.results, backend
+
+
+def shares(results) -> dict[int, tuple[int, int]]:
+    """weight -> (requests that held that weight, of which the canary answered), for versions told apart."""
+    counted: dict[int, list[int]] = {}
+    for before, after, _, version, error in results:
+        if before == after and not error:
+            entry = counted.setdefault(before, [0, 0])
+            entry[0] += 1
+            entry[1] += version != 1
+    return {weight: (n, k) for weight, (n, k) in counted.items()}
+
+
+def assert_exact_windows(backend, record) -> None:
+    checks = backend.metrics.checks
+    assert checks, "the verifier read Prometheus"
+    for snapshot, direct in checks:
+        assert snapshot.missing == {}
+        assert snapshot.counters == direct, "Prometheus's figures are the servers' own"
+    windows = [e["figures"]["window"] for e in record["events"] if (e.get("figures") or {}).get("window")]
+    deltas = [window_figures(Snapshot(a[1]), Snapshot(b[1]), "canary")["requests"]
+              for a, b in zip(checks, checks[1:], strict=False)]
+    for window in windows:
+        assert window.get("source") == "prometheus"
+        if "requests" in window:
+            assert window["requests"] in deltas, (window, deltas)
+
+
+def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
+    record, results, backend = rollout_with_traffic(stack, 2)
+    assert record["outcome"] == "promoted", record.get("reason")
+    failures = [r for r in results if r[4]]
+    assert failures == [], "no request fails through a promotion"
+    observed = shares(results)
+    print("weight -> (requests, canary answers):", dict(sorted(observed.items())))
+    for weight in (10, 50):
+        n, k = observed[weight]
+        sigma = math.sqrt(n * weight / 100 * (1 - weight / 100))
+        assert n >= 20 and abs(k - n * weight / 100) <= SIGMAS * sigma + 1, (weight, n, k)
+    assert observed[100][1] == observed[100][0], "at 100% every request reaches the canary"
+    assert {r[2] for r in results} == {"rest", "grpc"}
+    assert backend.canary_weight() == 0 and stack["stack"].router().weights() == {
+        "rest": {"stable-0": 100, "canary-0": 0}, "grpc": {"stable-0": 100, "canary-0": 0}}
+    assert_exact_windows(backend, record)
+    # The report charts the traffic Prometheus saw, and loads in a browser with nothing from the network.
+    time.sleep(1.0)
+    page = write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)
+    rendered = render(Path(page))
+    assert rendered.console == []
+    assert rendered.charts == {"traffic-requests_per_second": 1, "traffic-error_rate": 1, "traffic-p99_ms": 1}
+    traffic = traffic_of(record, backend.metrics.inner)
+    canary_rate = [v for v in traffic["tracks"]["canary"]["requests_per_second"] if v]
+    errors = [v for figures in traffic["tracks"].values() for v in figures["error_rate"] if v is not None]
+    print(f"traffic chart: {len(traffic['times'])} points, canary peak {max(canary_rate):.1f} requests/s, "
+          f"highest error rate {max(errors):.3f} (the controller's status polls for a version still loading)")
+    assert canary_rate and max(canary_rate) > 10 and errors and all(0 <= v <= 1 for v in errors)
+    assert rendered.dom.count("verified, to ") == 9 and rendered.dom.count("verified, promote</text>") == 3
+    assert rendered.dom.count("PROMOTED</text>") == 3
+
+
+def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(stack):
+    record, results, backend = rollout_with_traffic(stack, 3)
+    assert record["outcome"] == "rolled_back"
+    assert "error rate" in record["reason"], record["reason"]
+    failures = [r for r in results if r[4]]
+    print(f"{len(results)} requests through the router, {len(failures)} failed; first: "
+          f"{failures[0][4] if failures else '-'}")
+    assert failures, "the canary's errors reached the client"
+    for before, after, _, _, error in failures:
+        assert max(before, after) > 0, "a request failed while the canary had no traffic"
+        assert "Internal error: Graph execution error" in error, error
+    assert backend.canary_weight() == 0
+    last_weight_change = max(i for i, r in enumerate(results) if r[0] != 0 or r[1] != 0)
+    assert all(not r[4] for r in results[last_weight_change + 1:]), "nothing fails after the rollback"
+    assert_exact_windows(backend, record)
+    time.sleep(1.0)
+    rendered = render(Path(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)))
+    assert rendered.console == [] and len(rendered.charts) == 3
+    assert rendered.dom.count("10% failed</text>") == 3 and rendered.dom.count("ROLLED BACK</text>") == 3
+    canary_errors = [v for v in traffic_of(record, backend.metrics.inner)["tracks"]["canary"]["error_rate"] if v]
+    assert canary_errors and max(canary_errors) > 0.05, "the chart shows the canary's errors"
+
+
+def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
+    from pipeline.cli import build_parser
+
+    args = build_parser().parse_args(["deploy", "local", "--status", *[a for o in overrides(stack)
+                                                                       for a in ("--set", o)]])
+    assert args.handler(args) == 0
+    out = capsys.readouterr().out
+    assert "router" in out and "canary 0%" in out and out.count(" up ") == 2, out
+    args = build_parser().parse_args(["deploy", "local", *[a for o in overrides(stack) for a in ("--set", o)]])
+    assert args.handler(args) == 2
+    assert "already runs" in capsys.readouterr().err
+
+
+def test_missing_binaries_are_one_sentence_that_says_what_installs_them(monkeypatch):
+    monkeypatch.setattr(local_stack.shutil, "which", lambda name: None)
+    monkeypatch.setattr(local_stack.os, "access", lambda path, mode: False)
+    with pytest.raises(local_stack.StackError) as caught:
+        local_stack.binaries()
+    assert str(caught.value).startswith("haproxy and prometheus are not installed; install them with `make "
+                                        "deploy-deps`")
+
+
+def test_an_unreachable_prometheus_is_one_clear_error():
+    source = PrometheusSource(f"http://127.0.0.1:{local_stack.free_port()}", timeout_s=2)
+    with pytest.raises(PrometheusError, match=r"^cannot query Prometheus at http://127\.0\.0\.1:\d+ \(.*\); start it"):
+        source.snapshot(MODEL)

@@ -377,9 +377,10 @@ class RolloutConfig:
     max_error_rate: float = 0.01
     max_p99_ms: float = 250.0
     # Beside the absolute limits, the canary against stable over the same window: its error rate may exceed stable's
-    # by at most this much, and its p99 may be at most this many times stable's (when stable served requests).
+    # by at most this much, and its p99 may be at most this many times stable's (TF Serving's latency buckets grow
+    # 1.8x each: 3.0 allows one bucket up, not two; judged when stable served 20 predictions or more).
     max_error_rate_increase: float = 0.005
-    max_p99_ratio: float = 2.0
+    max_p99_ratio: float = 3.0
     # A window whose figures cannot be trusted (no data, a partial scrape, a counter reset, a canary share of the
     # traffic further than this many binomial standard deviations from the step's weight) is inconclusive, never a
     # pass; after this many in a row the rollout rolls back, or pauses with its state saying why.

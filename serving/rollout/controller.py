@@ -457,7 +457,7 @@ class Controller:
 
             if tf.io.gfile.exists(report_paths(self.report_dir, record)[1]):
                 return
-        self.log(f"report: {write_report(self.report_dir, record)}")
+        self.log(f"report: {write_report(self.report_dir, record, metrics=self.backend.metrics)}")
 
     # Waiting for the servers
 

@@ -157,6 +157,7 @@ class MetricsSource(ABC):
 
     @abstractmethod
     def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
-        """The counters of `model` on every server of both tracks, as last scraped; with `fresh_after` (a
-        time.time()), only samples scraped after that moment count, waiting up to the source's timeout for them (a
-        server without one is `missing`). Raises MetricsError when the source cannot be read."""
+        """The counters of `model` on every server of both tracks from a scrape that started after `fresh_after` (a
+        time.time(); without one, after this call), waiting a few scrape intervals at most for it (a server without
+        one is `missing`): requests made before the call are in it. Raises MetricsError when the source cannot be
+        read."""

@@ -24,14 +24,16 @@ from serving.rollout.metrics import (
     PREDICTION_APIS,
     REQUEST_COUNT,
     REQUEST_LATENCY_BUCKET,
+    MetricsError,
     MetricsSource,
     ModelCounters,
     Snapshot,
 )
 
 
-class PrometheusError(BackendError):
-    """Prometheus could not be reached or refused a query; the message says which and what to check."""
+class PrometheusError(MetricsError, BackendError):
+    """Prometheus could not be reached or refused a query; the message says which and what to check. A window that
+    meets it is inconclusive (MetricsError)."""
 
 
 def _quote(value: str) -> str:

@@ -82,11 +82,12 @@ class Limits:
     requests_per_second: float
     timeout_s: float
     max_error_rate_increase: float = 0.005
-    max_p99_ratio: float = 2.0
+    max_p99_ratio: float = 3.0
     share_tolerance_sigmas: float = 4.0
 
 
-# Below this many user predictions in a window the canary's share of them is not judged (nothing to count).
+# Below this many user requests in a window the canary's share of them is not judged, nor stable's p99 used as a
+# reference: too few to tell.
 MIN_SHARE_REQUESTS = 20
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 
@@ -264,8 +265,10 @@ class Verifier:
         if reason is not None:
             figures["inconclusive"] = reason
         else:
-            # Every request counts toward the share, errors included: a canary that fails requests still got them.
-            figures["share"] = share_check(canary["requests"] - sent, stable["requests"], weight,
+            # Predictions and failed requests count toward the share (a canary that fails requests still got them);
+            # successful status and metadata reads (probes, the clients' own) do not.
+            figures["share"] = share_check(canary["predictions"] + canary["errors"] - sent,
+                                           stable["predictions"] + stable["errors"], weight,
                                            self.limits.share_tolerance_sigmas)
         return figures
 
@@ -286,7 +289,8 @@ class Verifier:
             figures["error"] = (f"error rate {figures['error_rate']:.4f} against stable's {stable['error_rate']:.4f} "
                                 f"in the same window > rollout.max_error_rate_increase "
                                 f"{limits.max_error_rate_increase}")
-        elif stable.get("predictions", 0) > 0 and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]:
+        elif (stable.get("predictions", 0) >= MIN_SHARE_REQUESTS
+              and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]):
             figures["error"] = (f"p99 latency {figures['p99_ms']:.1f} ms against stable's {stable['p99_ms']:.1f} ms "
                                 f"in the same window > rollout.max_p99_ratio {limits.max_p99_ratio}x")
         elif (figures.get("share") or {}).get("inconclusive"):

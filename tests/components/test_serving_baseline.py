@@ -114,5 +114,9 @@ def test_the_evaluator_reads_an_empty_baseline_as_none():
     assert without_empty_baseline({"model": [candidate], BASELINE_KEY: [empty]}) == {"model": [candidate]}
     kept = {"model": [candidate], BASELINE_KEY: [found]}
     assert without_empty_baseline(kept) == kept
+    # On Kubeflow the property arrives as a JSON number (TFX's KFP V2 entry point turns custom properties to structs).
+    from_kfp = standard_artifacts.Model()
+    from_kfp.set_json_value_custom_property(RESOLVED_PROPERTY, 0.0)
+    assert without_empty_baseline({"model": [candidate], BASELINE_KEY: [from_kfp]}) == {"model": [candidate]}
     # An MLMD resolver's baseline carries no such property and stays.
     assert without_empty_baseline({BASELINE_KEY: [candidate]}) == {BASELINE_KEY: [candidate]}

@@ -120,3 +120,21 @@ def test_the_evaluator_reads_an_empty_baseline_as_none():
     assert without_empty_baseline({"model": [candidate], BASELINE_KEY: [from_kfp]}) == {"model": [candidate]}
     # An MLMD resolver's baseline carries no such property and stays.
     assert without_empty_baseline({BASELINE_KEY: [candidate]}) == {BASELINE_KEY: [candidate]}
+
+
+def test_a_gcs_repository_gives_its_stable_version_into_a_gcs_artifact(saved_models):
+    from components.publisher.publish import publish_model
+    from tests.gcs_emulator import GcsEmulator
+
+    with GcsEmulator() as gcs, pytest.MonkeyPatch.context() as patch:
+        for name, value in gcs.environment().items():
+            patch.setenv(name, value)
+        gcs.create_bucket("models")
+        base = "gs://models/serving"
+        assert resolve_baseline(base, MODEL, "stable", "gs://models/root/ServingBaseline/model/1") is None
+        publish_model(str(saved_models["good"]), base, MODEL, {"blessed": True})
+        baseline = resolve_baseline(base, MODEL, "stable", "gs://models/root/ServingBaseline/model/2")
+        assert (baseline.version, baseline.source) == (1, f"{base}/{MODEL}/1")
+        objects = set(gcs.list_objects("models", "root/"))
+        assert "root/ServingBaseline/model/2/Format-Serving/saved_model.pb" in objects
+        assert not any("/model/1/" in name for name in objects)

@@ -136,6 +136,14 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"  parameter      {name} = {value}")
     for task, upstream in compiled.tasks.items():
         print(f"  task           {task}" + (f" <- {', '.join(upstream)}" if upstream else ""))
+        settings = compiled.settings.get(task)
+        if settings:
+            names = {"resourceCpuRequest": "cpu request", "resourceCpuLimit": "cpu limit",
+                     "resourceMemoryRequest": "memory request", "resourceMemoryLimit": "memory limit"}
+            resources = ", ".join(f"{names[key]} {value}" for key, value in settings["resources"].items()
+                                  if key in names)
+            print(f"                 {resources or 'no resources set'}; retries {settings['retries']}; "
+                  f"cache {'on' if settings['cache'] else 'off'}")
     return 0
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -157,7 +158,9 @@ class TunerConfig:
     eval_steps: int = 50
 
 
-BASELINES = ("previous_blessed", "latest_blessed", "none")
+BASELINES = ("previous_blessed", "latest_blessed", "stable", "published_blessed", "none")
+# The baselines read from the model repository (components/serving_baseline), not from ML Metadata.
+REPOSITORY_BASELINES = ("stable", "published_blessed")
 TASK_KINDS = ("binary", "multiclass", "regression")
 # The metrics each task kind can be judged on, and whether a higher value is better. The first is the kind's
 # default (evaluation.metric: auto).
@@ -191,9 +194,12 @@ class EvaluationConfig:
     # higher is better (AUC, accuracy, R²), higher for an error (RMSE, MAE, log loss).
     max_degradation: float = 0.01
     # The baseline: previous_blessed, the newest blessed model other than the candidate (a cached re-run compares
-    # with what the first run compared with); latest_blessed, TFX's LatestBlessedModelStrategy, the only form
-    # Vertex AI Pipelines runs; none, no comparison (the bounds only), as open-source KFP v2 runs no resolver.
-    baseline: Literal["previous_blessed", "latest_blessed", "none"] = "previous_blessed"
+    # with what the first run compared with); latest_blessed, TFX's LatestBlessedModelStrategy, the only ML Metadata
+    # resolver Vertex AI Pipelines runs; stable, the version labelled stable in the model repository the pipeline
+    # publishes to, and published_blessed, its newest blessed version (both read the repository, so they run the
+    # same locally, on open-source KFP and on Vertex); none, no comparison (the bounds only).
+    baseline: Literal["previous_blessed", "latest_blessed", "stable", "published_blessed", "none"] = \
+        "previous_blessed"
 
 
 @dataclass
@@ -447,6 +453,20 @@ class BeamConfig:
 
 
 @dataclass
+class KubeflowTaskConfig:
+    """What Kubernetes and KFP give a task of the compiled pipeline; empty or null: not set (the cluster's default,
+    or for a component, the value of kubeflow.tasks)."""
+    # Kubernetes quantities: CPU in cores ("2", "500m"), memory in bytes with a unit ("4Gi", "512Mi", "8G").
+    cpu_request: str | float = ""
+    cpu_limit: str | float = ""
+    memory_request: str = ""
+    memory_limit: str = ""
+    # How often KFP starts a failed task again, the first time after retry_backoff_seconds, then twice as long.
+    retries: int | None = None
+    retry_backoff_seconds: int | None = None
+
+
+@dataclass
 class KubeflowConfig:
     """`mlops compile kubeflow` and `mlops submit kubeflow`: the same DAG on Kubeflow Pipelines V2 (README)."""
     # The project's image (the Dockerfile at the repository root), pushed where the cluster pulls it; every
@@ -463,6 +483,12 @@ class KubeflowConfig:
     host: str = ""
     experiment: str = "tfx-mlops"
     namespace: str = ""
+    # KFP's cache for every task of the compiled pipeline (ServingBaseline never: it reads the repository, no input).
+    enable_cache: bool = True
+    # Resources and retries of every task ...
+    tasks: KubeflowTaskConfig = field(default_factory=KubeflowTaskConfig)
+    # ... and per component, by node id (Trainer, Transform, Evaluator, ...), over those of `tasks`.
+    components: dict[str, KubeflowTaskConfig] = field(default_factory=dict)
 
 
 @dataclass
@@ -631,7 +657,19 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
                 f"unknown config key '{full}'; valid keys here are: {', '.join(prefix + n for n in names)}."
             )
         tp = hints[key]
-        if dataclasses.is_dataclass(tp):
+        if typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
+            # A mapping of names to one section type (kubeflow.components): each value built like a section.
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{full}' must be a mapping of names to mappings.")
+            item = typing.get_args(tp)[1]
+            built = {}
+            for name, entry in value.items():
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"config key '{full}.{name}' must be a mapping of "
+                                      f"{', '.join(_field_names(item))}.")
+                built[str(name)] = _build(item, entry, f"{full}.{name}.")
+            kwargs[key] = built
+        elif dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"config key '{full}' must be a mapping of {', '.join(_field_names(tp))}.")
             kwargs[key] = _build(tp, value, f"{full}.")
@@ -712,6 +750,7 @@ def _validate(config: PipelineConfig) -> None:
     _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
+    _validate_kubeflow(config.kubeflow)
     if config.parallel_stages < 1:
         raise ConfigError(f"parallel_stages must be 1 or more; got {config.parallel_stages}.")
     if not config.schema_path:
@@ -783,6 +822,31 @@ def _validate_calibration(config: PipelineConfig) -> None:
     if buckets and calibration.method == "none":
         raise ConfigError("data.calibration_buckets sets rows aside that calibration.method=none never uses; set "
                           "data.calibration_buckets=0 or calibration.method=auto.")
+
+
+# Kubernetes quantities as KFP takes them: cores or millicores; bytes with a decimal or binary unit.
+CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$")
+MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
+
+
+def quantity(value: str | float) -> str:
+    """A CPU quantity as Kubernetes writes it: 2.0 is "2"."""
+    return f"{value:g}" if isinstance(value, float) else value
+
+
+def _validate_kubeflow(kubeflow: KubeflowConfig) -> None:
+    for prefix, task in [("kubeflow.tasks", kubeflow.tasks),
+                         *((f"kubeflow.components.{name}", t) for name, t in kubeflow.components.items())]:
+        for key, pattern, example in (("cpu_request", CPU_QUANTITY, "2 or 500m"),
+                                      ("cpu_limit", CPU_QUANTITY, "2 or 500m"),
+                                      ("memory_request", MEMORY_QUANTITY, "4Gi or 512Mi"),
+                                      ("memory_limit", MEMORY_QUANTITY, "4Gi or 512Mi")):
+            value = getattr(task, key)
+            if value != "" and not pattern.match(quantity(value)):
+                raise ConfigError(f"{prefix}.{key} {value!r} is not a Kubernetes quantity; write it like {example}.")
+        for key in ("retries", "retry_backoff_seconds"):
+            if (getattr(task, key) or 0) < 0:
+                raise ConfigError(f"{prefix}.{key} must be 0 or more; got {getattr(task, key)}.")
 
 
 def _validate_beam(beam: BeamConfig) -> None:

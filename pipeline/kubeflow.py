@@ -5,8 +5,12 @@ published versions below `kubeflow.output_root` (a bucket), the data at `kubeflo
 Beam's setup.py inside the image. Two forms:
 
 - `.yaml`: the pipeline spec that open-source Kubeflow Pipelines 2.x runs. That backend refuses resolver
-  executors ("resolver executors not implemented"), so the Evaluator gets no baseline (`evaluation.baseline: none`).
-- `.json`: a Vertex AI PipelineJob, with TFX's LatestBlessedModelStrategy as the baseline (`latest_blessed`).
+  executors ("resolver executors not implemented"), so the baseline is read from the model repository by the
+  ServingBaseline step (`evaluation.baseline: stable` or `published_blessed`; the ML Metadata rules become `stable`).
+- `.json`: a Vertex AI PipelineJob: the repository baselines as they are, or TFX's LatestBlessedModelStrategy
+  (`latest_blessed`) for the ML Metadata rules.
+
+Both carry each task's resources, retries and caching from `kubeflow.*`, written as the kfp SDK writes them.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from components import artifacts
-from pipeline.config import PipelineConfig
+from pipeline.config import KubeflowTaskConfig, PipelineConfig, quantity
 from pipeline.data import EMBEDDED_TAXI_DIR
 from pipeline.datasets import is_bundled
 
@@ -27,8 +31,11 @@ from pipeline.datasets import is_bundled
 IMAGE_PROJECT_ROOT = "/app"
 IMAGE_VENV = "/opt/venv"
 IMAGE_SITE_PACKAGES = f"{IMAGE_VENV}/lib/python3.10/site-packages"
-# The baseline each form can run (see the module docstring).
-FORM_BASELINES = {".yaml": "none", ".json": "latest_blessed"}
+# What each form runs for an ML Metadata baseline rule (see the module docstring); the repository rules run as set.
+MLMD_BASELINES = ("previous_blessed", "latest_blessed")
+FORM_BASELINES = {".yaml": "stable", ".json": "latest_blessed"}
+# Tasks whose output depends on more than their inputs: KFP must never reuse one.
+UNCACHED_TASKS = ("ServingBaseline",)
 
 
 class KubeflowError(ValueError):
@@ -45,6 +52,8 @@ class CompiledPipeline:
     parameters: dict[str, Any]
     # What the compiler had to change in the config for this form, one sentence each.
     notes: list[str]
+    # Task name -> the resources, retries and caching written for it (apply_task_settings).
+    settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def embedded_sample_in_image() -> str:
@@ -79,20 +88,84 @@ def cluster_config(config: PipelineConfig, form: str) -> tuple[PipelineConfig, l
     notes = []
     baseline = config.evaluation.baseline
     allowed = FORM_BASELINES[form]
-    if baseline != "none" and baseline != allowed:
+    if baseline in MLMD_BASELINES and baseline != allowed:
         notes.append(f"evaluation.baseline {baseline} -> {allowed}: " + (
-            "open-source Kubeflow Pipelines runs no resolver node, so the Evaluator compares with no baseline "
-            "(evaluation.lower_bound and upper_bound only)" if form == ".yaml" else
-            "Vertex AI Pipelines runs only TFX's LatestBlessedModelStrategy"))
+            "open-source Kubeflow Pipelines runs no resolver node, so ServingBaseline compares with the version "
+            f"labelled stable in {settings.output_root}/serving" if form == ".yaml" else
+            "Vertex AI Pipelines runs only TFX's LatestBlessedModelStrategy of the ML Metadata resolvers"))
         baseline = allowed
-    if baseline == "none" and config.evaluation.lower_bound is None and config.evaluation.upper_bound is None:
-        raise KubeflowError("this form compiles without a baseline model, and no evaluation.lower_bound or "
-                            "evaluation.upper_bound is set, so nothing could bless a model; set one.")
     data = dataclasses.replace(config.data, path=settings.data_path or embedded_sample_in_image())
     evaluation = dataclasses.replace(config.evaluation, baseline=baseline)
     cluster = dataclasses.replace(config, output_root=settings.output_root, artifact_root="", data=data,
-                                  evaluation=evaluation)
+                                  evaluation=evaluation, enable_cache=settings.enable_cache)
     return cluster, notes
+
+
+def task_settings(config: PipelineConfig, task: str) -> KubeflowTaskConfig:
+    """kubeflow.tasks with what kubeflow.components sets for `task` over it."""
+    settings = config.kubeflow
+    own = settings.components.get(task)
+    if own is None:
+        return settings.tasks
+    return KubeflowTaskConfig(**{
+        field.name: value if (value := getattr(own, field.name)) not in ("", None) else getattr(settings.tasks,
+                                                                                                 field.name)
+        for field in dataclasses.fields(KubeflowTaskConfig)})
+
+
+def _cpu_cores(value: str | float) -> float:
+    text = quantity(value)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+# Memory units in the kfp SDK's float form (gigabytes).
+_MEMORY_UNITS = {"": 1e-9, "K": 1e-6, "M": 1e-3, "G": 1.0, "T": 1e3, "P": 1e6, "E": 1e9,
+                 "Ki": 1024 / 1e9, "Mi": 1024 ** 2 / 1e9, "Gi": 1024 ** 3 / 1e9, "Ti": 1024 ** 4 / 1e9,
+                 "Pi": 1024 ** 5 / 1e9, "Ei": 1024 ** 6 / 1e9}
+
+
+def _memory_gigabytes(value: str) -> float:
+    number = value.rstrip("EPTGMKi")
+    return float(number) * _MEMORY_UNITS[value[len(number):]]
+
+
+def apply_task_settings(spec: dict[str, Any], config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Writes kubeflow.tasks and kubeflow.components into the compiled spec (in place): each container's resources
+    (the string form KFP 2.x reads and the float form older backends read, as the kfp SDK writes both), each task's
+    retry policy and caching. Returns task name -> the settings written."""
+    tasks = spec["root"]["dag"]["tasks"]
+    unknown = sorted(set(config.kubeflow.components) - set(tasks))
+    if unknown:
+        raise KubeflowError(f"kubeflow.components names {', '.join(unknown)}, which this pipeline does not have; "
+                            f"use a component of {', '.join(sorted(tasks))}.")
+    executors = spec["deploymentSpec"]["executors"]
+    written = {}
+    for name, task in tasks.items():
+        label = spec["components"][task["componentRef"]["name"]].get("executorLabel", "")
+        container = executors.get(label, {}).get("container")
+        if container is None:
+            continue  # an importer or resolver of the .json form: no container to size
+        settings = task_settings(config, name)
+        resources = {}
+        for key, spec_key in (("cpu_request", "CpuRequest"), ("cpu_limit", "CpuLimit")):
+            if (value := getattr(settings, key)) != "":
+                resources[f"resource{spec_key}"] = quantity(value)
+                resources[spec_key[0].lower() + spec_key[1:]] = _cpu_cores(value)
+        for key, spec_key in (("memory_request", "MemoryRequest"), ("memory_limit", "MemoryLimit")):
+            if value := getattr(settings, key):
+                resources[f"resource{spec_key}"] = value
+                resources[spec_key[0].lower() + spec_key[1:]] = _memory_gigabytes(value)
+        if resources:
+            container["resources"] = resources
+        if settings.retries:
+            backoff = settings.retry_backoff_seconds if settings.retry_backoff_seconds is not None else 60
+            task["retryPolicy"] = {"maxRetryCount": settings.retries, "backoffDuration": f"{backoff}s",
+                                   "backoffFactor": 2.0, "backoffMaxDuration": "3600s"}
+        cache = config.kubeflow.enable_cache and name not in UNCACHED_TASKS
+        # Off is proto3's default, which the kfp client drops on submit: written as it arrives.
+        task["cachingOptions"] = {"enableCache": True} if cache else {}
+        written[name] = {"resources": resources, "retries": settings.retries or 0, "cache": cache}
+    return written
 
 
 def runtime_parameters(tfx_pipeline: Any) -> dict[str, Any]:
@@ -134,10 +207,11 @@ def compile_pipeline(config: PipelineConfig, output: str) -> CompiledPipeline:
     for name, parameter in spec["root"].get("inputDefinitions", {}).get("parameters", {}).items():
         parameter["defaultValue"] = defaults[name]
         parameter["isOptional"] = True
+    settings = apply_task_settings(spec, config)
     _write(job, output, form)
     tasks = {name: sorted(task.get("dependentTasks", [])) for name, task in spec["root"]["dag"]["tasks"].items()}
     return CompiledPipeline(output, tfx_pipeline.pipeline_info.pipeline_root, config.kubeflow.image, tasks, defaults,
-                            notes)
+                            notes, settings)
 
 
 def _write(job: dict[str, Any], output: str, form: str) -> None:

@@ -28,6 +28,9 @@ from components.exporter.component import Exporter
 from components.gates.component import DataValidationGate
 from components.optimizer.component import Optimizer
 from components.publisher.component import Publisher
+from components.serving_baseline.component import ServingBaseline
+from components.serving_baseline.evaluator import Executor as ServingBaselineEvaluator
+from components.serving_baseline.resolve import repository_state
 from components.specs import (
     CODE_FINGERPRINT_KEY,
     EXPORTER_SECTIONS,
@@ -37,7 +40,13 @@ from components.specs import (
     TRAINER_SECTIONS,
 )
 from pipeline.beam import beam_pipeline_args
-from pipeline.config import EvaluationConfig, PipelineConfig, higher_is_better, task_metric
+from pipeline.config import (
+    REPOSITORY_BASELINES,
+    EvaluationConfig,
+    PipelineConfig,
+    higher_is_better,
+    task_metric,
+)
 from pipeline.data import count_csv_rows, resolve_data_dir
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
@@ -55,6 +64,7 @@ TRANSFORM_NODE = "Transform"
 GATE_NODE = "DataValidationGate"
 OPTIMIZER_NODE = "Optimizer"
 EVALUATOR_NODE = "Evaluator"
+SERVING_BASELINE_NODE = "ServingBaseline"
 
 
 # Per task kind: each metric of TASK_METRICS as TFMA computes it (class name, module, TFMA's key of the figure).
@@ -315,17 +325,22 @@ def create_pipeline(
         sections=config.sections(*OPTIMIZER_SECTIONS),
         code_fingerprint=fingerprint,
     ).with_id(OPTIMIZER_NODE)
-    model_resolver = baseline_resolver(config.evaluation.baseline, OPTIMIZER_NODE, OPTIMIZED_MODEL_KEY,
-                                       EVALUATOR_NODE)
-    if model_resolver is not None:
-        # The resolver must run after this run's candidate exists: it leaves that model out of the baselines.
-        model_resolver.add_upstream_node(optimizer)
+    model_resolver = serving_baseline(config, deployment, fingerprint)
+    if model_resolver is None:
+        model_resolver = baseline_resolver(config.evaluation.baseline, OPTIMIZER_NODE, OPTIMIZED_MODEL_KEY,
+                                           EVALUATOR_NODE)
+        if model_resolver is not None:
+            # The resolver must run after this run's candidate exists: it leaves that model out of the baselines.
+            model_resolver.add_upstream_node(optimizer)
     evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=optimizer.outputs[OPTIMIZED_MODEL_KEY],
         baseline_model=model_resolver.outputs["model"] if model_resolver else None,
         eval_config=eval_config(config),
     ).with_id(EVALUATOR_NODE)
+    if isinstance(model_resolver, ServingBaseline):
+        # TFX's Evaluator, reading ServingBaseline's empty Model of a first run as no baseline.
+        evaluator.executor_spec = executor_spec.BeamExecutorSpec(ServingBaselineEvaluator)
     # Every format, verified against the SavedModel: with the blessing, the gate before publishing. It takes no
     # blessing, so that it runs beside the Evaluator (pipeline/dag_runner.py; on Kubeflow, in its own pod).
     exporter = Exporter(
@@ -344,6 +359,18 @@ def create_pipeline(
     ).with_id("Publisher")
     components += [trainer, optimizer, *([model_resolver] if model_resolver else []), evaluator, exporter, publisher]
     return _pipeline(config, deployment, components)
+
+
+def serving_baseline(config: PipelineConfig, deployment: Deployment, fingerprint: str) -> ServingBaseline | None:
+    """The ServingBaseline node for a repository baseline (evaluation.baseline stable or published_blessed)."""
+    if config.evaluation.baseline not in REPOSITORY_BASELINES:
+        return None
+    serving_base_dir = artifacts.absolute(config.serving_base_dir)
+    # Locally the repository's state keys the cache; a cluster's cache is switched off for the node instead.
+    state = repository_state(serving_base_dir, config.model_name) if deployment.local else ""
+    return ServingBaseline(serving_base_dir=serving_base_dir, model_name=config.model_name,
+                           rule=config.evaluation.baseline, repository_state=state,
+                           code_fingerprint=fingerprint).with_id(SERVING_BASELINE_NODE)
 
 
 def _pipeline(config: PipelineConfig, deployment: Deployment, components: list[Any]) -> Pipeline:

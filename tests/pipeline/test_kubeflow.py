@@ -14,12 +14,17 @@ from tests.fake_kfp import FakeKfpServer
 
 IMAGE = "registry.example/tfx-mlops:1.0"
 KUBEFLOW = ["kubeflow.output_root=gs://bucket/tfx-mlops", f"kubeflow.image={IMAGE}"]
+# Every task's resources and retries, the Trainer's and the Evaluator's own over them.
+TASK_SETTINGS = ["kubeflow.tasks.cpu_request=500m", "kubeflow.tasks.memory_request=2Gi", "kubeflow.tasks.retries=2",
+                 "kubeflow.components.Trainer.cpu_limit=4", "kubeflow.components.Trainer.memory_limit=16Gi",
+                 "kubeflow.components.Trainer.retries=0", "kubeflow.components.Evaluator.memory_request=8G",
+                 "kubeflow.components.Evaluator.retry_backoff_seconds=30"]
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kfp")
-    config = load_config(None, [*KUBEFLOW, f"output_root={folder}/local"])
+    config = load_config(None, [*KUBEFLOW, *TASK_SETTINGS, f"output_root={folder}/local"])
     return config, {name: compile_pipeline(config, str(folder / name))
                     for name in ("pipeline.yaml", "again.yaml", "pipeline.json")}
 
@@ -34,19 +39,74 @@ def test_the_yaml_spec_has_every_local_component_with_the_same_dependencies(comp
     config, results = compiled
     spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
     assert spec["schemaVersion"] == "2.1.0" and spec["pipelineInfo"]["name"] == "taxi"
-    local = local_dag(config, "none")
+    local = local_dag(config, "stable")
     assert results["pipeline.yaml"].tasks == local
     assert set(spec["root"]["dag"]["tasks"]) == set(local) == {
         "CsvExampleGen", "StatisticsGen", "ImportSchemaGen", "ExampleValidator", "DataValidationGate", "Transform",
-        "Trainer", "Optimizer", "Evaluator", "Exporter", "Publisher"}
-    assert any("evaluation.baseline previous_blessed -> none" in note for note in results["pipeline.yaml"].notes)
+        "Trainer", "Optimizer", "ServingBaseline", "Evaluator", "Exporter", "Publisher"}
+    assert any("evaluation.baseline previous_blessed -> stable" in note for note in results["pipeline.yaml"].notes)
+
+
+def test_the_yaml_spec_compares_with_the_stable_version_through_serving_baseline(compiled):
+    _, results = compiled
+    spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    assert results["pipeline.yaml"].tasks["Evaluator"] == ["CsvExampleGen", "Optimizer", "ServingBaseline"]
+    assert tasks["Evaluator"]["inputs"]["artifacts"]["baseline_model"]["taskOutputArtifact"] == {
+        "producerTask": "ServingBaseline", "outputArtifactKey": "model"}
+    parameters = tasks["ServingBaseline"]["inputs"]["parameters"]
+    assert parameters["serving_base_dir"]["runtimeValue"]["constant"] == "gs://bucket/tfx-mlops/serving"
+    assert parameters["rule"]["runtimeValue"]["constant"] == "stable"
+    # The repository is its input, which KFP's cache cannot see: never reused.
+    assert tasks["ServingBaseline"]["cachingOptions"] == {}
+    executors = spec["deploymentSpec"]["executors"]
+    assert executors["Evaluator_executor"]["container"]["args"][1] == "components.serving_baseline.evaluator.Executor"
+    assert not any("resolver" in json.dumps(e) for e in executors.values())
+
+
+def test_each_task_has_the_configured_resources_retries_and_caching(compiled):
+    _, results = compiled
+    spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
+    tasks, executors = spec["root"]["dag"]["tasks"], spec["deploymentSpec"]["executors"]
+
+    def resources(task):
+        return executors[spec["components"][tasks[task]["componentRef"]["name"]]["executorLabel"]]["container"][
+            "resources"]
+
+    assert resources("Trainer") == {"resourceCpuRequest": "500m", "cpuRequest": 0.5, "resourceCpuLimit": "4",
+                                    "cpuLimit": 4.0, "resourceMemoryRequest": "2Gi",
+                                    "memoryRequest": pytest.approx(2.147483648), "resourceMemoryLimit": "16Gi",
+                                    "memoryLimit": pytest.approx(17.179869184)}
+    assert resources("Evaluator") == {"resourceCpuRequest": "500m", "cpuRequest": 0.5, "resourceMemoryRequest": "8G",
+                                      "memoryRequest": 8.0}
+    assert resources("CsvExampleGen") == resources("Publisher") == {
+        "resourceCpuRequest": "500m", "cpuRequest": 0.5, "resourceMemoryRequest": "2Gi",
+        "memoryRequest": pytest.approx(2.147483648)}
+    assert "retryPolicy" not in tasks["Trainer"]
+    assert tasks["Evaluator"]["retryPolicy"] == {"maxRetryCount": 2, "backoffDuration": "30s", "backoffFactor": 2.0,
+                                                 "backoffMaxDuration": "3600s"}
+    assert tasks["Transform"]["retryPolicy"]["backoffDuration"] == "60s"
+    assert {name: task["cachingOptions"].get("enableCache", False) for name, task in tasks.items()} == {
+        name: name != "ServingBaseline" for name in tasks}
+    assert results["pipeline.yaml"].settings["Trainer"]["retries"] == 0
+
+
+def test_caching_off_and_an_unknown_component_or_quantity(tmp_path):
+    off = compile_pipeline(load_config(None, [*KUBEFLOW, "kubeflow.enable_cache=false"]), str(tmp_path / "p.yaml"))
+    spec = yaml.safe_load(Path(off.path).read_text())
+    assert all(task["cachingOptions"] == {} for task in spec["root"]["dag"]["tasks"].values())
+    with pytest.raises(KubeflowError, match="kubeflow.components names Trainr, which this pipeline does not have"):
+        compile_pipeline(load_config(None, [*KUBEFLOW, "kubeflow.components.Trainr.cpu_limit=2"]),
+                         str(tmp_path / "q.yaml"))
+    with pytest.raises(ValueError, match="kubeflow.tasks.memory_limit '4GB' is not a Kubernetes quantity"):
+        load_config(None, [*KUBEFLOW, "kubeflow.tasks.memory_limit=4GB"])
 
 
 def test_every_component_runs_in_the_configured_image_with_the_image_paths(compiled):
     _, results = compiled
     spec = yaml.safe_load(Path(results["pipeline.yaml"].path).read_text())
     executors = spec["deploymentSpec"]["executors"]
-    assert len(executors) == 11
+    assert len(executors) == 12
     for name, executor in executors.items():
         container = executor["container"]
         assert container["image"] == IMAGE, name

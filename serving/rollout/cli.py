@@ -138,8 +138,8 @@ def rollout_command(args: argparse.Namespace) -> int:
     from serving.rollout.verify import GoldenDataError
 
     config = load_config(args.config, args.overrides)
-    controller = build_controller(config)
     try:
+        controller = build_controller(config)
         if args.action == "status":
             document = controller.document()
             print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.rollout.backends import Backend, Endpoint, LocalBackend
+from serving.rollout.backends import Backend, BackendError, Endpoint, LocalBackend
 from serving.rollout.controller import Controller
 from serving.rollout.local_stack import running_stack
 from serving.rollout.prometheus import PrometheusSource, source_for
@@ -37,6 +37,11 @@ def build_backend(config) -> Backend:
     from serving.rollout import kube
 
     if rollout.backend == "kubernetes":
+        if metrics is None:
+            # The verifier's own requests to the canary Service cannot show what the routes send it: fail closed.
+            raise BackendError("rollout.backend kubernetes reads its verification windows from Prometheus: set "
+                               "rollout.prometheus.url to its HTTP API (e.g. http://prometheus-operated.monitoring.svc"
+                               ":9090; k8s/serving/README.md, Scraping).")
         return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
                                       rollout.request_timeout_seconds,
                                       lease_duration_s=rollout.lease_duration_seconds, metrics=metrics)

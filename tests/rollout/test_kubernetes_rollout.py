@@ -120,3 +120,12 @@ def test_a_rollback_right_after_promotion_moves_the_stable_label_back_to_the_loa
     assert cluster.models_config("stable") == ([1], {"stable": 1})
     assert cluster.models_config("canary") == ([1], {"canary": 1})
     assert cluster.weights() == ALL_ON_STABLE and cluster.refused == []
+
+
+def test_the_kubernetes_backend_refuses_to_verify_without_prometheus():
+    from serving.rollout.backends import BackendError
+    from serving.rollout.factory import build_backend
+
+    with pytest.raises(BackendError, match="rollout.backend kubernetes reads its verification windows from "
+                                           "Prometheus: set rollout.prometheus.url"):
+        build_backend(load_config(None, ["rollout.backend=kubernetes"]))

@@ -21,7 +21,7 @@ import yaml
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
-from pipeline.config import BeamConfig, ConfigError, DataConfig, PipelineConfig, load_config
+from pipeline.config import BeamConfig, ConfigError, DataConfig, LabelConfig, PipelineConfig, load_config
 from pipeline.data import (
     COMMON_MISSING_MARKERS,
     ColumnProfile,
@@ -147,7 +147,8 @@ def infer_label(profile: ColumnProfile, schema_type: int, markers: list[str]) ->
     total = sum(values.values())
     described = f"{SCHEMA_TYPES.get(schema_type, 'values')}, {_distinct(profile, values)} distinct values"
     missing = _missing(profile, markers)
-    gaps = f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}" if missing else ""
+    gaps = (f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}, which `mlops run` leaves out (nothing "
+            "to learn or measure there)" if missing else "")
     if len(values) == 2 and schema_type == schema_pb2.BYTES:
         positive, why = _positive_value(values)
         return LabelChoice("binary", {"positive_value": positive},
@@ -446,6 +447,9 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     work = Path(tempfile.mkdtemp(prefix="mlops-init-"))
     config = PipelineConfig(name=name, output_root=str(work),
                             data=DataConfig(path=str(folder.resolve()), missing_values=markers),
+                            # ExampleGen leaves out the rows without a label, as the run will: the schema then
+                            # requires the label, and the statistics are those of the rows the model learns from.
+                            label=LabelConfig(column=label),
                             beam=BeamConfig(direct_running_mode="in_memory"))
     statistics, inferred = run_statistics(config, out)
     try:

@@ -223,8 +223,9 @@ def stratify_label(config: PipelineConfig) -> dict[str, Any] | None:
 
 
 def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
-    """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells (also what
-    `mlops init` reads the data with, so that its schema describes the same encoding)."""
+    """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells and rows
+    without a value of `label.column` left out (also what `mlops init` reads the data with, so that its schema
+    describes the same encoding)."""
     return FileBasedExampleGen(
         input_base=RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str, default=data_root(config)),
         input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*.csv")]),
@@ -240,7 +241,7 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
             )
         ),
         custom_config=example_gen_custom_config(config.data.missing_values, code_fingerprint(EXAMPLE_GEN_CODE),
-                                                stratify_label(config)),
+                                                stratify_label(config), config.label.column),
         custom_executor_spec=executor_spec.BeamExecutorSpec(CsvMarkersExecutor),
     ).with_id(EXAMPLE_GEN_NODE)
 

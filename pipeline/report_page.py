@@ -102,6 +102,9 @@ def _data(summary: dict[str, Any]) -> str:
         return "<p class='note'>The run recorded no statistics.</p>"
     rows = data.get("rows", {})
     parts = [charts.bars("rows", [(split, float(n), "rows") for split, n in rows.items()], "rows per split")]
+    if data.get("missing_label_rows"):
+        parts.append(f"<p class='note'>{data['missing_label_rows']} row(s) without a label were left out before the "
+                     "split.</p>")
     features = data.get("features", {})
     splits = list(features)
     names = sorted({name for per in features.values() for name in per})

@@ -182,6 +182,9 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
     m = summary.metrics
     print("\nsummary", file=out)
     print(f"  run           {summary.run_id} in {summary.elapsed_seconds:.1f}s", file=out)
+    left_out = (summary.data or {}).get("missing_label_rows")
+    if left_out:
+        print(f"  left out      {left_out} row(s) without a label (before the split)", file=out)
     for name in SUMMARY_METRICS:
         if name in m:
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)

@@ -116,6 +116,10 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
             previous_run = earlier.name
             break
     summary.data = read_data(statistics, anomalies, previous, previous_run)
+    left_out = [o.artifact.custom_properties["missing_label_rows"].int_value for o in by_type.get("Examples", [])
+                if o.node == "CsvExampleGen" and "missing_label_rows" in o.artifact.custom_properties]
+    if summary.data and left_out and left_out[0]:
+        summary.data["missing_label_rows"] = left_out[0]
     summary.training.update(read_tuner(by_type.get("HyperParameters", []), by_type.get("TunerResults", [])))
     if summary.published_version is not None and features:
         examples = [o for o in by_type.get("Examples", []) if o.node == "CsvExampleGen"]

@@ -83,3 +83,19 @@ def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path)
     page = run_page(summary.__dict__)
     loss = page[page.index("data-chart='loss'"):page.index("</svg>", page.index("data-chart='loss'"))]
     assert ">3</text>" in loss and ">4</text>" in loss and ">1</text>" not in loss
+
+
+def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report():
+    import dataclasses
+    import io
+
+    from pipeline.report_page import _data
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    summary = RunSummary(run_id="r", data={"rows": {"train": 8, "eval": 2}, "features": {},
+                                           "missing_label_rows": 2})
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    assert "  left out      2 row(s) without a label (before the split)" in out.getvalue()
+    assert "2 row(s) without a label were left out before the split." in _data(dataclasses.asdict(summary))

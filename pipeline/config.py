@@ -177,6 +177,27 @@ def higher_is_better(kind: str, metric: str = "auto") -> bool:
     return TASK_METRICS[kind][task_metric(kind, metric)]
 
 
+# The limits on how much worse evaluation.metric may get: each judges its own comparison (pruned against trained,
+# quantized against float, candidate against baseline), all in the metric's units.
+TOLERANCE_KEYS = ("optimize.max_degradation", "export.max_quantized_degradation", "evaluation.max_degradation")
+# A regression's errors are in the label's units: `mlops init` writes each tolerance as this share of the label's
+# standard deviation (the shipped diabetes job: 2.0 against about 77).
+REGRESSION_TOLERANCE_SHARE = 0.025
+
+
+def tolerance_note(key: str, kind: str, metric: str = "auto", label_std: float | None = None) -> str:
+    """The clause a failed tolerance adds to its message: the other keys that limit the same metric, and for a
+    regression error the label's spread, so that one edit fixes every gate."""
+    metric = task_metric(kind, metric)
+    others = " and ".join(k for k in TOLERANCE_KEYS if k != key)
+    note = f"{others} limit the same eval {metric} in the same units, so raise them alike"
+    if kind == "regression" and metric in ("rmse", "mae"):
+        spread = f" (its standard deviation is {label_std:.4g})" if label_std else ""
+        note += (f"; a regression's {metric} is in the label's units{spread}, and {REGRESSION_TOLERANCE_SHARE:.1%} of "
+                 "that spread is a usual tolerance")
+    return note
+
+
 @dataclass
 class EvaluationConfig:
     slice_feature: str = ""

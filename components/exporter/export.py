@@ -30,7 +30,7 @@ from components.exporter import convert, report
 from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
 from components.tasks import Task, degradation_gate, describe_figures, max_output_difference, task_metrics
-from pipeline.config import ExportConfig, task_metric
+from pipeline.config import ExportConfig, task_metric, tolerance_note
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 
@@ -219,13 +219,20 @@ def _verify_artifact(
 
 
 def gate_message(result: dict[str, Any]) -> str:
-    failures = []
+    failures, keys = [], set()
     for row in result["artifacts"]:
         check = row["check"]
         if not check["passed"]:
             failures.append(f"{row['artifact']}: {check['figure']} {check['value']:.6g} is above the threshold "
                             f"{check['threshold']:g} ({check['config_key']})")
-    return "; ".join(failures)
+            keys.add(check["config_key"])
+    message = "; ".join(failures)
+    if "export.max_quantized_degradation" in keys:
+        task = result.get("task") or {}
+        kind = task.get("kind", "binary")
+        message += (" (" + tolerance_note("export.max_quantized_degradation", kind, task.get("metric", "auto"),
+                                          task.get("label_std")) + ")")
+    return message
 
 
 def export_and_verify(

@@ -245,10 +245,13 @@ def export_and_verify(
     optimization: dict[str, Any] | None = None,
     metric: str = "auto",
     calibration: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
     beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants;
-    `calibration` (the model's calibration record, with its decision threshold) goes into the report as it is.
+    `calibration` (the model's calibration record, with its decision threshold) and `request` (how the training
+    CSV encodes a row: its missing-value markers and label columns, for `mlops predict --csv`) go into the report
+    as they are.
     Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
@@ -256,6 +259,7 @@ def export_and_verify(
         result = verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric)
         result["optimization"] = optimization or {}
         result["calibration"] = calibration or {}
+        result["request"] = request or {}
         result["seconds"] = round(time.perf_counter() - started, 1)
         report.write(result, staging)
         artifacts.copy_tree(staging, output_dir)

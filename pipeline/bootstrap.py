@@ -63,6 +63,8 @@ POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
 MOSTLY_NUMERIC_SHARE = 0.8
 JUNK_MAX_VALUES = 5
+# The schema type ExampleGen gives a column of each profile kind.
+PROFILE_TYPES = {"int": schema_pb2.INT, "float": schema_pb2.FLOAT, "string": schema_pb2.BYTES}
 SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_pb2.BYTES: "strings"}
 
 
@@ -365,6 +367,11 @@ def regression_tolerances(kind: str, label_stats: statistics_pb2.FeatureNameStat
                       f"standard deviation {std:.4g}, as the error they limit is in the label's units")
 
 
+def calibration_buckets(kind: str) -> int:
+    """data.calibration_buckets of a starter config: a classifier's probabilities are calibrated on their own split."""
+    return 0 if kind == "regression" else 1
+
+
 def _scalar(value: Any) -> str:
     """A YAML scalar as written in a flow list: quoted where YAML would read it otherwise (?, -, null)."""
     return yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1]
@@ -397,9 +404,9 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
     if left_out:
         lines.append("  # Left out:")
         lines += [f"  #   {p.column}: {p.reason}" for p in left_out]
-    if label.kind != "regression":
-        lines.append("  calibration_buckets: 1   # a sixth of the rows, held out of training and evaluation: the "
-                     "probabilities are calibrated on them")
+    if calibration_buckets(label.kind):
+        lines.append(f"  calibration_buckets: {calibration_buckets(label.kind)}   # a sixth of the rows, held out of "
+                     "training and evaluation: the probabilities are calibrated on them")
     lines += ["", "label:", f"  # {label_column}: {label.reason}"]
     if label_name != "label":
         lines.append(f"  name: {_scalar(label_name)}   # 'label' is a column of the data")
@@ -435,7 +442,7 @@ def _read_outputs(config: PipelineConfig) -> tuple[dict[str, statistics_pb2.Data
 
     store = metadata.connect(os.path.abspath(config.metadata_path))
     statistics = {}
-    for split in SPLITS:
+    for split in SPLITS + ((artifacts.CALIBRATION_SPLIT,) if config.data.calibration_buckets else ()):
         folder = metadata.latest_split(store, config.name, "StatisticsGen", "statistics", split)
         statistics[split] = statistics_pb2.DatasetFeatureStatisticsList.FromString(
             artifacts.read_bytes(artifacts.join(folder, artifacts.STATISTICS_FILE)))
@@ -533,15 +540,17 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     markers, marker_notes = markers + junk, marker_notes + junk_notes
     print(f"  data.missing_values: [{', '.join(_scalar(m) for m in markers)}]", file=out, flush=True)
 
-    if len(_values(profiles[label], markers)) < 2:
-        infer_label(profiles[label], schema_pb2.TYPE_UNKNOWN, markers)
+    # The task as the profile types the label (ExampleGen's own inference): init splits the rows as the run of its
+    # config will, so the counts it prints are the run's, and a label with nothing to predict fails before TFX.
+    guess = infer_label(profiles[label], PROFILE_TYPES.get(profiles[label].kind, schema_pb2.TYPE_UNKNOWN), markers)
 
     work = Path(tempfile.mkdtemp(prefix="mlops-init-"))
     config = PipelineConfig(name=name, output_root=str(work),
-                            data=DataConfig(path=str(folder.resolve()), missing_values=markers),
+                            data=DataConfig(path=str(folder.resolve()), missing_values=markers,
+                                            calibration_buckets=calibration_buckets(guess.kind)),
                             # ExampleGen leaves out the rows without a label, as the run will: the schema then
                             # requires the label, and the statistics are those of the rows the model learns from.
-                            label=LabelConfig(column=label),
+                            label=LabelConfig(column=label, kind=guess.kind, **guess.keys),
                             beam=BeamConfig(direct_running_mode="in_memory"))
     statistics, inferred = run_statistics(config, out)
     try:

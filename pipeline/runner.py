@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
+from pipeline import STARTED
 from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.preflight import check_config
@@ -153,6 +154,9 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         summary.elapsed_seconds = round(progress.elapsed(), 2)
         summary.log_path = log_path
         report_dir = os.path.join(config.output_root, "runs", summary.run_id)
+        summary.total_seconds = round(time.monotonic() - STARTED, 2)
+        if "Publisher" in summary.cached_stages:
+            summary.published_new = False
         json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
@@ -181,7 +185,12 @@ def _per_class_lines(metrics: dict[str, float], classes: list[str]) -> list[str]
 def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: TextIO) -> None:
     m = summary.metrics
     print("\nsummary", file=out)
-    print(f"  run           {summary.run_id} in {summary.elapsed_seconds:.1f}s", file=out)
+    total = max(summary.total_seconds, summary.elapsed_seconds)
+    print(f"  run           {summary.run_id} in {total:.1f}s ({summary.elapsed_seconds:.1f}s in the stages, the rest "
+          "starting up and reading the run back)", file=out)
+    if summary.stage_seconds and set(summary.cached_stages) >= set(summary.stage_seconds):
+        print("  nothing changed: every stage came from the cache of an earlier run (same data, config and code)",
+              file=out)
     left_out = (summary.data or {}).get("missing_label_rows")
     if left_out:
         print(f"  left out      {left_out} row(s) without a label (before the split)", file=out)
@@ -222,7 +231,10 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
         for line in table_lines(summary.export):
             print(f"    {line}", file=out)
-    if summary.published_version is not None:
+    if summary.published_version is not None and not summary.published_new:
+        print(f"  published     nothing new: version {summary.published_version} at {summary.pushed_path} already "
+              "holds this model (an earlier run published it)", file=out)
+    elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
         print(f"                (`mlops versions` lists it; `mlops rollout start --version "
               f"{summary.published_version}` moves traffic to it)", file=out)

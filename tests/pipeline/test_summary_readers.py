@@ -99,3 +99,27 @@ def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report
     _print_summary(summary, "s.json", "s.html", out)
     assert "  left out      2 row(s) without a label (before the split)" in out.getvalue()
     assert "2 row(s) without a label were left out before the split." in _data(dataclasses.asdict(summary))
+
+
+def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model():
+    import io
+
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    stages = {"CsvExampleGen": 0.1, "Trainer": 0.1, "Publisher": 0.1}
+    summary = RunSummary(run_id="r", stage_seconds=stages, cached_stages=list(stages), published_version=1,
+                         pushed_path="/o/serving/m/1", published_new=False, blessed=True, elapsed_seconds=2.5,
+                         total_seconds=31.0)
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    printed = out.getvalue()
+    assert "  run           r in 31.0s (2.5s in the stages, the rest starting up and reading the run back)" in printed
+    assert "  nothing changed: every stage came from the cache of an earlier run" in printed
+    assert ("  published     nothing new: version 1 at /o/serving/m/1 already holds this model (an earlier run "
+            "published it)") in printed
+    fresh = RunSummary(run_id="r", stage_seconds=stages, cached_stages=["CsvExampleGen"], published_version=2,
+                       pushed_path="/o/serving/m/2", published_new=True, blessed=True)
+    out = io.StringIO()
+    _print_summary(fresh, "s.json", "s.html", out)
+    assert "nothing changed" not in out.getvalue() and "  published     version 2 at /o/serving/m/2" in out.getvalue()

@@ -220,6 +220,7 @@ def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[li
     rows, lines = [], []
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
+        _ = reader.fieldnames  # reads the header, so that line_num counts it
         started = reader.line_num + 1
         for row in reader:
             if None in row:  # DictReader files the fields beyond the header under None

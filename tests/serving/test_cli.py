@@ -199,6 +199,9 @@ def test_predict_csv_on_a_training_file_applies_the_versions_markers_and_drops_i
     assert message == (f"error: {csv_file} line 4 (row 2), column 'trip_start_hour': 'unknown' is not a DT_INT64 "
                        "value; fix the cell or leave it empty for missing (this version reads 'NA', 'n.d.' as "
                        "missing).")
+    csv_file.write_text("fare,trip_start_hour,payment_type\n2.5,seven,Cash\n")
+    assert mlops("predict", "--rest", server.rest_url, *flags) == 2
+    assert f"error: {csv_file} line 2 (row 1), column 'trip_start_hour'" in capsys.readouterr().err
 
 
 def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, capsys):

@@ -58,6 +58,9 @@ LONG_TAIL_RATIO = 5.0
 # String labels read as the positive answer of a yes/no question.
 # TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
 MIN_AUC = 0.6
+# A multiclass model must close this share of the gap between always answering the most common class and a perfect
+# accuracy: 0.52 against the majority's 0.49 is a weak model that reads well.
+NO_SKILL_GAIN = 0.1
 POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 # A column whose filled cells are at least this share numbers, the rest at most JUNK_MAX_VALUES distinct strings,
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
@@ -343,11 +346,21 @@ def schema_anomalies(statistics: dict[str, statistics_pb2.DatasetFeatureStatisti
     return found
 
 
-def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None) -> tuple[dict[str, float], str]:
-    """The evaluation bound a first model must meet to be blessed (and published), with the reason."""
+def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None,
+                   classes: Counter | None = None) -> tuple[dict[str, float], str]:
+    """The evaluation bounds a first model must meet to be blessed (and published), with the reason; with the
+    label's `classes` (value -> rows), a multiclass model must also beat always answering the most common one."""
     if kind != "regression":
         metric = "AUC" if kind == "binary" else "macro AUC (one-vs-rest)"
-        return {"lower_bound": MIN_AUC}, f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
+        bounds = {"lower_bound": MIN_AUC}
+        reason = f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
+        if kind == "multiclass" and classes:
+            common, rows = classes.most_common(1)[0]
+            share = rows / sum(classes.values())
+            bounds["min_accuracy"] = round(share + NO_SKILL_GAIN * (1 - share), 4)
+            reason += (f" and an eval accuracy of at least {bounds['min_accuracy']:g} (always answering {common!r} "
+                       f"scores {share:.4f}; the model must close {NO_SKILL_GAIN:.0%} of the gap to 1)")
+        return bounds, reason
     std = label_stats.num_stats.std_dev if label_stats is not None else 0.0
     bound = float(f"{std:.4g}")
     return {"upper_bound": bound}, (f"blessed with an eval RMSE of at most {bound:g}, the label's standard deviation "
@@ -597,7 +610,7 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
 
     label_stats = next((f for f in statistics["train"].datasets[0].features
                         if (f.path.step[-1] if f.path.step else f.name) == label), None)
-    bound = blessing_bound(choice.kind, label_stats)
+    bound = blessing_bound(choice.kind, label_stats, _values(profiles[label], markers))
     print(f"evaluation: {bound[1]}", file=out)
     tolerances = regression_tolerances(choice.kind, label_stats)
     if tolerances[0]:

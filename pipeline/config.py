@@ -208,6 +208,9 @@ class EvaluationConfig:
     # bound) ...
     lower_bound: float | None = None
     upper_bound: float | None = None
+    # ... and, for a classifier, only with an eval accuracy of at least this (null: no such bound): `mlops init`
+    # writes it for a multiclass label a step above always answering the most common class.
+    min_accuracy: float | None = None
     # ... and at most this much worse than the baseline model's, in the metric's units: lower for a metric where
     # higher is better (AUC, accuracy, R²), higher for an error (RMSE, MAE, log loss).
     max_degradation: float = 0.01
@@ -741,6 +744,10 @@ def _validate_task(label: LabelConfig, evaluation: EvaluationConfig) -> None:
     if evaluation.baseline == "none" and lower is None and upper is None:
         raise ConfigError("evaluation.baseline is none and no bound is set, so nothing could bless a model; set "
                           "evaluation.lower_bound or evaluation.upper_bound.")
+    if evaluation.min_accuracy is not None and (label.kind == "regression"
+                                                 or not 0.0 <= evaluation.min_accuracy <= 1.0):
+        raise ConfigError(f"evaluation.min_accuracy ({evaluation.min_accuracy}) bounds a classifier's accuracy, a "
+                          f"share from 0 to 1, and label.kind is {label.kind}; set it within [0, 1] or to null.")
     if lower is not None and upper is not None and lower > upper:
         raise ConfigError(f"evaluation.lower_bound ({lower}) is above evaluation.upper_bound ({upper}), so no model "
                           "could be blessed; swap or remove one.")

@@ -117,10 +117,18 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     for name, (class_name, module, key) in TFMA_METRICS[kind].items():
         metric = tfma.MetricConfig(class_name=class_name, module=module,
                                    config=json.dumps({"name": key}) if module else "")
-        if name == blessing and threshold.ListFields():
+        judged = tfma.MetricThreshold()
+        if name == blessing:
+            judged.CopyFrom(threshold)
+        if name == "accuracy" and evaluation.min_accuracy is not None:
+            # The no-skill bound: TFMA blesses only when every threshold of every metric passes.
+            bound = max(evaluation.min_accuracy, judged.value_threshold.lower_bound.value
+                        if judged.value_threshold.HasField("lower_bound") else evaluation.min_accuracy)
+            judged.value_threshold.lower_bound.value = bound
+        if judged.ListFields():
             # Judged on all eval rows; small slices (a rare payment type) can hold one class only.
             metric.per_slice_thresholds.append(
-                tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=threshold))
+                tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=judged))
         metrics.append(metric)
     for class_name, module, key in EXTRA_METRICS[kind]:
         metrics.append(tfma.MetricConfig(class_name=class_name, module=module,

@@ -106,6 +106,30 @@ def test_blessing_at_the_bound_and_the_change_threshold(name, overrides, bound, 
     assert validate(config, better_than_bound, -sign * 10 * allowed)
 
 
+def _verdict(config, figures: dict[str, float]) -> bool:
+    """TFMA's verdict on a first model (no baseline) with these overall figures (TFMA metric names)."""
+    evaluation_config = config_util.update_eval_config_with_defaults(eval_config(config), has_baseline=False)
+    thresholds = metric_specs.metric_thresholds_from_metrics_specs(evaluation_config.metrics_specs,
+                                                                   eval_config=evaluation_config)
+    candidate = {key: figures[key.name] for key in thresholds if not key.is_diff}
+    assert {key.name for key in candidate} == set(figures)
+    return metrics_validator.validate_metrics(((), candidate), evaluation_config).validation_ok
+
+
+def test_a_multiclass_model_no_better_than_the_majority_class_is_not_blessed():
+    # Five classes, the most common 49% of the rows: `mlops init` writes min_accuracy 0.541 beside the AUC bound.
+    config = example_config("iris", "evaluation.baseline=none", "evaluation.lower_bound=0.6",
+                            "evaluation.min_accuracy=0.541")
+    assert not _verdict(config, {"macro_auc": 0.85, "accuracy": 0.52}), "a good AUC does not bless a weak model"
+    assert _verdict(config, {"macro_auc": 0.85, "accuracy": 0.55})
+    assert not _verdict(config, {"macro_auc": 0.55, "accuracy": 0.9})
+    both = example_config("iris", "evaluation.baseline=none", "evaluation.metric=accuracy",
+                          "evaluation.lower_bound=0.5", "evaluation.min_accuracy=0.541")
+    assert not _verdict(both, {"accuracy": 0.53}), "the higher of the two bounds holds"
+    with pytest.raises(ConfigError, match=r"evaluation.min_accuracy \(0.5\) bounds a classifier's accuracy"):
+        example_config("diabetes", "evaluation.min_accuracy=0.5")
+
+
 def test_without_a_baseline_only_the_bound_blesses():
     config = example_config("diabetes", "evaluation.baseline=none")
     evaluation_config = eval_config(config)

@@ -158,6 +158,10 @@ def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
     label.num_stats.std_dev = 54.321987
     bounds, reason = blessing_bound("regression", label)
     assert bounds == {"upper_bound": 54.32} and "standard deviation" in reason
+    # Five classes, the most common on 49% of the rows: accuracy must close a tenth of the gap to 1.
+    bounds, reason = blessing_bound("multiclass", None, Counter({"a": 49, "b": 20, "c": 15, "d": 10, "e": 6}))
+    assert bounds == {"lower_bound": 0.6, "min_accuracy": 0.541}
+    assert "always answering 'a' scores 0.4900" in reason
 
 
 def test_a_few_gaps_in_many_rows_do_not_read_as_none():

@@ -201,6 +201,13 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
     for line in _per_class_lines(m, (summary.export.get("task") or {}).get("classes", [])):
         print(line, file=out)
+    no_skill = summary.export.get("no_skill") or {}
+    if no_skill:
+        kind = (summary.export.get("task") or {}).get("kind", "binary")
+        what = "always the eval mean" if kind == "regression" else "the class shares, never the features"
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in no_skill.items())
+        print(f"  no skill      {shown} ({what}; on the {summary.export.get('eval_rows', '?')} exported eval rows)",
+              file=out)
     pruned = summary.optimization.get("pruned")
     metric = summary.optimization.get("metric", "auc")
     if pruned:

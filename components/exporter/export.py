@@ -29,7 +29,14 @@ from components import artifacts
 from components.exporter import convert, report
 from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
-from components.tasks import Task, degradation_gate, describe_figures, max_output_difference, task_metrics
+from components.tasks import (
+    Task,
+    degradation_gate,
+    describe_figures,
+    max_output_difference,
+    no_skill_figures,
+    task_metrics,
+)
 from pipeline.config import ExportConfig, task_metric, tolerance_note
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
@@ -187,6 +194,8 @@ def verify(
         "task": {**task.describe(), "metric": metric},
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **_metrics(reference, data.labels, task.kind)},
+        # Beside the model's figures: what ignoring the features scores on the same rows.
+        "no_skill": no_skill_figures(task.kind, data.labels, len(task.classes)),
         "artifacts": rows,
         "passed": all(r["check"]["passed"] for r in rows),
     }

@@ -18,6 +18,7 @@ from components.tasks import (
     degradation,
     degradation_gate,
     max_output_difference,
+    no_skill_figures,
     task_metrics,
 )
 from pipeline.config import DEFAULT_CONFIG, TASK_METRICS, ConfigError, ExportConfig, load_config, task_metric
@@ -330,3 +331,18 @@ def test_regression_figures_of_constant_labels_and_of_weighted_rows():
     assert all(np.isnan(v) for v in RegressionStats().metrics().values())
     empty = MulticlassStats().metrics()
     assert np.isnan(empty["accuracy"]) and empty["precision"] == [] and empty["recall"] == []
+
+
+def test_no_skill_figures_are_what_ignoring_the_features_scores():
+    binary = no_skill_figures("binary", np.array([1, 0, 0, 0]))
+    assert binary["auc"] == 0.5 and binary["accuracy"] == 0.75
+    assert binary["log_loss"] == pytest.approx(log_loss([1, 0, 0, 0], [0.25] * 4))
+    labels = np.array([0] * 49 + [1] * 30 + [2] * 21)
+    multiclass = no_skill_figures("multiclass", labels, classes=3)
+    assert multiclass["accuracy"] == pytest.approx(0.49)
+    assert multiclass["log_loss"] == pytest.approx(log_loss(labels, np.tile([0.49, 0.30, 0.21], (100, 1))))
+    values = np.array([1.0, 2.0, 3.0, 6.0])
+    regression = no_skill_figures("regression", values)
+    assert regression["rmse"] == pytest.approx(np.sqrt(np.mean((values - 3.0) ** 2))) and regression["r2"] == 0.0
+    assert regression["mae"] == pytest.approx(1.5)
+    assert no_skill_figures("binary", np.array([])) == {}

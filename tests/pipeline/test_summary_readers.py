@@ -120,7 +120,11 @@ def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model()
     assert ("  published     nothing new: version 1 at /o/serving/m/1 already holds this model (an earlier run "
             "published it)") in printed
     fresh = RunSummary(run_id="r", stage_seconds=stages, cached_stages=["CsvExampleGen"], published_version=2,
-                       pushed_path="/o/serving/m/2", published_new=True, blessed=True)
+                       pushed_path="/o/serving/m/2", published_new=True, blessed=True,
+                       export={"task": {"kind": "multiclass"}, "eval_rows": 100, "artifacts": [],
+                               "no_skill": {"macro_auc": 0.5, "accuracy": 0.49, "log_loss": 1.0297}})
     out = io.StringIO()
     _print_summary(fresh, "s.json", "s.html", out)
     assert "nothing changed" not in out.getvalue() and "  published     version 2 at /o/serving/m/2" in out.getvalue()
+    assert ("  no skill      macro_auc 0.5000, accuracy 0.4900, log_loss 1.0297 (the class shares, never the "
+            "features; on the 100 exported eval rows)") in out.getvalue()

@@ -297,4 +297,21 @@ def calibrate(
     calibration = fit(method, fit_logits, fit_labels)
     record = calibration_record(calibration, options, fit_logits, fit_labels, measure_logits, measure_labels,
                                 fitted_on, measured_on)
+    fitted = record
+    if _farther_from_one(record["before"]["calibration"], record["after"]["calibration"]):
+        # A fit that makes the measured probabilities less trustworthy is no calibration: the model keeps its own
+        # (a binary model's threshold is still chosen, on those probabilities).
+        record = calibration_record(Calibration(method), options, fit_logits, fit_labels, measure_logits,
+                                    measure_labels, fitted_on, measured_on)
+        record.update(applied=False, rejected={"before": fitted["before"]["calibration"],
+                                               "after": fitted["after"]["calibration"]},
+                      note=f"{method} scaling moved the eval calibration from {fitted['before']['calibration']:.4f} to "
+                           f"{fitted['after']['calibration']:.4f}, further from 1, so it is not applied")
+        return fold(model, Calibration(method)), record
+    record["applied"] = True
     return fold(model, calibration), record
+
+
+def _farther_from_one(before: float, after: float) -> bool:
+    """Whether the calibration figure (1 when probabilities mean frequencies) got worse; NaN never counts."""
+    return bool(np.isfinite(before) and np.isfinite(after) and abs(after - 1.0) > abs(before - 1.0))

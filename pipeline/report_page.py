@@ -391,7 +391,9 @@ def _calibration(summary: dict[str, Any]) -> str:
     threshold = report.get("threshold")
     heads = (["before: as trained", "after: calibrated"] if threshold is None else
              [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
-    return (_table(["", ""], facts) + _table(["figure", *heads], figures)
+    rejected = (f"<p class='few'>Not applied: {_e(report.get('note', ''))}; both columns are the model as trained."
+                "</p>" if report.get("applied") is False else "")
+    return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures)
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
               "they say.</p>")
 

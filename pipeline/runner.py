@@ -201,6 +201,13 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
     for line in _per_class_lines(m, (summary.export.get("task") or {}).get("classes", [])):
         print(line, file=out)
+    classes = (summary.export.get("task") or {}).get("classes", [])
+    for class_id, share in enumerate(summary.export.get("class_shares") or []):
+        precision = m.get(f"precision/classId:{class_id}")
+        if precision is not None and precision < share and class_id < len(classes):
+            print(f"  warning       class {classes[class_id]!r}: eval precision {precision:.4f} is below its share of "
+                  f"the eval rows {share:.4f}, so its answers are worse than guessing it (class weights favour rare "
+                  "classes; see training.class_weights)", file=out)
     no_skill = summary.export.get("no_skill") or {}
     if no_skill:
         kind = (summary.export.get("task") or {}).get("kind", "binary")
@@ -220,7 +227,11 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
               f"{teacher['parameters']} -> {student['parameters']}", file=out)
     calibration = summary.calibration
-    if calibration:
+    if calibration and calibration.get("applied") is False:
+        threshold = "" if calibration["threshold"] is None else (
+            f"; threshold {calibration['threshold']:.4f} ({calibration['objective']}) on the model's own probabilities")
+        print(f"  calibrated    not applied: {calibration['note']}{threshold}", file=out)
+    elif calibration:
         before, after = calibration["before"], calibration["after"]
         threshold = "" if calibration["threshold"] is None else (
             f", threshold {calibration['threshold']:.4f} ({calibration['objective']})")

@@ -199,6 +199,10 @@ def verify(
         "artifacts": rows,
         "passed": all(r["check"]["passed"] for r in rows),
     }
+    if task.kind == "multiclass" and len(data.labels):
+        # A class whose precision is below its share is answered worse than by guessing it: the console warns.
+        counts = np.bincount(np.asarray(data.labels, dtype=np.int64).reshape(-1), minlength=len(task.classes))
+        result["class_shares"] = [float(c) for c in counts / counts.sum()]
     if task.kind == "regression" and len(data.labels):
         # The run report draws predicted against actual from these rows (TFMA has no such plot for a regression).
         picked = np.unique(np.linspace(0, len(data.labels) - 1, min(PREDICTED_ACTUAL_ROWS, len(data.labels))

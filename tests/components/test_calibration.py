@@ -216,3 +216,29 @@ def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
     assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
     for key in ("precision", "recall"):
         assert record["after"][key] == pytest.approx(record["before"][key]), "temperature keeps every argmax"
+
+
+def shifted_rows(n=4000, seed=0):
+    """Rows whose label follows a rule with a lower base rate than rows(): a fit there misleads on rows()."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.normal(size=(n, 1)).astype(np.float32), rng.normal(size=(n, 1)).astype(np.float32)
+    labels = (rng.random(n) < sigmoid(1.5 * x[:, 0] - 2.5)).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices(({"x": x, "w": w}, labels)).batch(500)
+
+
+def test_a_fit_that_worsens_the_measured_calibration_is_not_applied():
+    model = keras_classifier()
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    model.fit(rows(seed=1), epochs=3, verbose=0)
+    calibrated, record = calibrate(model, shifted_rows(seed=2), rows(seed=3), "platt", CalibrationConfig(),
+                                   "fit rows", "measure rows")
+    assert record["applied"] is False
+    assert abs(record["rejected"]["after"] - 1) > abs(record["rejected"]["before"] - 1)
+    assert record["note"].startswith("platt scaling moved the eval calibration from ")
+    assert record["note"].endswith("further from 1, so it is not applied")
+    assert record["after"]["calibration"] == pytest.approx(record["before"]["calibration"])
+    assert 0.0 < record["threshold"] < 1.0, "the threshold is still chosen, on the model's own probabilities"
+    features = next(iter(rows(seed=3).unbatch().batch(4000)))[0]
+    np.testing.assert_allclose(calibrated(features).numpy(), model(features).numpy(), atol=1e-6)
+    _, kept = calibrate(model, rows(seed=2), rows(seed=3), "platt", CalibrationConfig(), "fit rows", "measure rows")
+    assert kept["applied"] is True

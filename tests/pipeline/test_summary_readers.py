@@ -121,10 +121,34 @@ def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model()
             "published it)") in printed
     fresh = RunSummary(run_id="r", stage_seconds=stages, cached_stages=["CsvExampleGen"], published_version=2,
                        pushed_path="/o/serving/m/2", published_new=True, blessed=True,
-                       export={"task": {"kind": "multiclass"}, "eval_rows": 100, "artifacts": [],
+                       metrics={"precision/classId:0": 0.95, "precision/classId:1": 0.075},
+                       export={"task": {"kind": "multiclass", "classes": ["a", "b"]}, "eval_rows": 100,
+                               "artifacts": [], "class_shares": [0.88, 0.12],
                                "no_skill": {"macro_auc": 0.5, "accuracy": 0.49, "log_loss": 1.0297}})
     out = io.StringIO()
     _print_summary(fresh, "s.json", "s.html", out)
     assert "nothing changed" not in out.getvalue() and "  published     version 2 at /o/serving/m/2" in out.getvalue()
     assert ("  no skill      macro_auc 0.5000, accuracy 0.4900, log_loss 1.0297 (the class shares, never the "
             "features; on the 100 exported eval rows)") in out.getvalue()
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("  warning")]
+    assert warnings == ["  warning       class 'b': eval precision 0.0750 is below its share of the eval rows 0.1200, "
+                        "so its answers are worse than guessing it (class weights favour rare classes; see "
+                        "training.class_weights)"]
+
+
+def test_a_calibration_that_was_not_applied_says_so_on_the_console():
+    import io
+
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    note = "temperature scaling moved the eval calibration from 1.0200 to 0.9200, further from 1, so it is not applied"
+    summary = RunSummary(run_id="r", calibration={"applied": False, "note": note, "threshold": None,
+                                                  "method": "temperature"})
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    assert f"  calibrated    not applied: {note}\n" in out.getvalue()
+    from pipeline.report_page import _calibration
+
+    assert f"Not applied: {note}; both columns are the model as trained." in _calibration(
+        {"calibration": summary.calibration})

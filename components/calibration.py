@@ -26,6 +26,8 @@ from pipeline.config import CalibrationConfig
 # Newton steps of the Platt fit and the bounds of log T searched by the temperature fit.
 _NEWTON_STEPS = 100
 _LOG_TEMPERATURE_BOUNDS = (-5.0, 5.0)
+# Equal-mass bins of the expected calibration error: ten groups of rows, ordered by probability.
+ECE_BINS = 10
 
 
 class CalibrationError(ValueError):
@@ -141,14 +143,31 @@ def choose_threshold(probabilities: np.ndarray, labels: np.ndarray, objective: s
     raise CalibrationError(f"calibration.threshold_objective '{objective}' is unknown; choose f1 or min_precision.")
 
 
+def expected_calibration_error(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> float:
+    """The expected calibration error over equal-mass bins: the rows cut at the quantiles of `confidence` into
+    `bins` groups of about equal size (equal confidences stay in one group), each group's |mean confidence - mean
+    outcome| weighted by its share of the rows. 0 when every probability means the frequency it claims; NaN
+    without rows."""
+    c = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    o = np.asarray(outcome, dtype=np.float64).reshape(-1)
+    if c.size == 0:
+        return float("nan")
+    edges = np.quantile(c, np.linspace(0.0, 1.0, bins + 1)[1:-1])
+    groups = np.searchsorted(edges, c, side="right")
+    return float(sum(np.mean(groups == g) * abs(c[groups == g].mean() - o[groups == g].mean())
+                     for g in np.unique(groups)))
+
+
 def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
-    """calibration (mean probability / mean label, TFMA's figure), AUC, and precision and recall at `threshold`."""
+    """calibration (mean probability / mean label, TFMA's figure), the expected calibration error of the positive
+    probability (equal-mass bins), AUC, and precision and recall at `threshold`."""
     p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
     y = np.asarray(labels).reshape(-1)
     true_pos, false_pos, false_neg = _counts(p, y, threshold)
     positive_rate = float(np.mean(y == 1))
     return {
         "calibration": float(np.mean(p) / positive_rate) if positive_rate > 0 else float("nan"),
+        "ece": expected_calibration_error(p, y == 1),
         "auc": float(roc_auc_score(y == 1, p)) if 0 < positive_rate < 1 else float("nan"),
         "precision": true_pos / (true_pos + false_pos) if true_pos + false_pos else float("nan"),
         "recall": true_pos / (true_pos + false_neg) if true_pos + false_neg else float("nan"),
@@ -156,8 +175,9 @@ def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: flo
 
 
 def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """calibration (mean confidence of the argmax / accuracy: 1 when confidence means accuracy), macro AUC, and
-    macro precision and recall of the argmax."""
+    """calibration (mean confidence of the argmax / accuracy: 1 when confidence means accuracy), the expected
+    calibration error of that confidence (equal-mass bins), macro AUC, and macro precision and recall of the
+    argmax."""
     from components.tasks import macro_auc
 
     p = np.asarray(probabilities, dtype=np.float64)
@@ -172,6 +192,7 @@ def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
             recalls.append(float(np.mean(predicted[y == c] == c)))
     return {
         "calibration": float(np.mean(p.max(axis=1)) / accuracy) if accuracy > 0 else float("nan"),
+        "ece": expected_calibration_error(p.max(axis=1), predicted == y),
         "auc": macro_auc(p, y),
         "precision": float(np.mean(precisions)) if precisions else float("nan"),
         "recall": float(np.mean(recalls)) if recalls else float("nan"),

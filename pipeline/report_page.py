@@ -386,7 +386,7 @@ def _calibration(summary: dict[str, Any]) -> str:
     if rates:
         facts.append(["positive rate", f"{rates['fitted']:.1%} of the rows fitted on, {rates['measured']:.1%} of "
                                        f"the {_num(report.get('measured_rows', ''))} rows measured on"])
-    names = [n for n in ("calibration", "auc", "precision", "recall") if n in before or n in after]
+    names = [n for n in ("calibration", "ece", "auc", "precision", "recall") if n in before or n in after]
     figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
     threshold = report.get("threshold")
     heads = (["before: as trained", "after: calibrated"] if threshold is None else
@@ -395,7 +395,7 @@ def _calibration(summary: dict[str, Any]) -> str:
                 "</p>" if report.get("applied") is False else "")
     return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures)
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
-              "they say.</p>")
+              "they say; ece, the expected calibration error over ten equal-mass bins of rows, is 0 then.</p>")
 
 
 def optimization_html(report: dict[str, Any]) -> str:

@@ -242,3 +242,17 @@ def test_a_fit_that_worsens_the_measured_calibration_is_not_applied():
     np.testing.assert_allclose(calibrated(features).numpy(), model(features).numpy(), atol=1e-6)
     _, kept = calibrate(model, rows(seed=2), rows(seed=3), "platt", CalibrationConfig(), "fit rows", "measure rows")
     assert kept["applied"] is True
+
+
+def test_expected_calibration_error_over_equal_mass_bins():
+    from components.calibration import expected_calibration_error
+
+    # Each probability means the frequency of its bin: no error.
+    confidence = np.repeat([0.1, 0.5, 0.9], 10)
+    outcome = np.concatenate([[1] + [0] * 9, [1] * 5 + [0] * 5, [1] * 9 + [0]])
+    assert expected_calibration_error(confidence, outcome, bins=3) == pytest.approx(0.0)
+    # Over-confident by 0.3 everywhere.
+    assert expected_calibration_error(np.full(20, 0.9), np.array([1] * 12 + [0] * 8)) == pytest.approx(0.3)
+    assert np.isnan(expected_calibration_error(np.array([]), np.array([])))
+    figures = binary_figures(np.full(20, 0.9), np.array([1] * 12 + [0] * 8), 0.5)
+    assert figures["ece"] == pytest.approx(0.3)

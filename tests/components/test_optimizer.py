@@ -406,7 +406,7 @@ def test_executor_calibrates_on_the_calibration_split_and_serves_the_calibrated_
     assert record["before"]["calibration"] > 1.2
     assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.08)
     assert record["after"]["auc"] == pytest.approx(record["before"]["auc"], abs=1e-6)
-    assert record["after"]["precision"] >= 0.85 and set(record["after"]) == {"calibration", "auc", "precision",
+    assert record["after"]["precision"] >= 0.85 and set(record["after"]) == {"calibration", "ece", "auc", "precision",
                                                                             "recall"}
 
     raw, transformed = artifacts["eval"]

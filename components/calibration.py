@@ -158,6 +158,27 @@ def expected_calibration_error(confidence: np.ndarray, outcome: np.ndarray, bins
                      for g in np.unique(groups)))
 
 
+def reliability_bins(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> list[list[float]]:
+    """The reliability diagram's points over the same equal-mass bins as expected_calibration_error: per bin the
+    mean confidence, the observed frequency and the rows."""
+    c = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    o = np.asarray(outcome, dtype=np.float64).reshape(-1)
+    if c.size == 0:
+        return []
+    groups = np.searchsorted(np.quantile(c, np.linspace(0.0, 1.0, bins + 1)[1:-1]), c, side="right")
+    return [[float(c[groups == g].mean()), float(o[groups == g].mean()), int(np.sum(groups == g))]
+            for g in np.unique(groups)]
+
+
+def _reliability(kind: str, probabilities: np.ndarray, labels: np.ndarray) -> list[list[float]]:
+    """A binary model's positive probability against the share of positives; a multiclass model's confidence (its
+    highest probability) against how often that class is right."""
+    p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels).reshape(-1)
+    if kind == "temperature":
+        return reliability_bins(p.max(axis=1), np.argmax(p, axis=1) == y)
+    return reliability_bins(p.reshape(-1), y == 1)
+
+
 def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
     """calibration (mean probability / mean label, TFMA's figure), the expected calibration error of the positive
     probability (equal-mass bins), AUC, and precision and recall at `threshold`."""
@@ -229,7 +250,10 @@ def calibration_record(
     if calibration.method == "temperature":
         record.update(objective="argmax", threshold=None, temperature=1.0 / calibration.scale,
                       before=multiclass_figures(softmax(measure_logits), measure_labels),
-                      after=multiclass_figures(apply(calibration, measure_logits), measure_labels))
+                      after=multiclass_figures(apply(calibration, measure_logits), measure_labels),
+                      reliability={"before": _reliability("temperature", softmax(measure_logits), measure_labels),
+                                   "after": _reliability("temperature", apply(calibration, measure_logits),
+                                                         measure_labels)})
         return record
     threshold = choose_threshold(apply(calibration, fit_logits), fit_labels, options.threshold_objective,
                                  options.min_precision)
@@ -240,7 +264,9 @@ def calibration_record(
     record.update(objective=options.threshold_objective, threshold=threshold, scale=calibration.scale,
                   shift=calibration.shift, positive_rate=positive_rate,
                   before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
-                  after=binary_figures(calibrated, measure_labels, threshold))
+                  after=binary_figures(calibrated, measure_labels, threshold),
+                  reliability={"before": _reliability("platt", sigmoid(measure_logits), measure_labels),
+                               "after": _reliability("platt", calibrated, measure_labels)})
     # TFMA's thresholds are fixed when the pipeline is built, so the report's matrix at this one is counted here.
     true_pos, false_pos, false_neg = _counts(calibrated.reshape(-1), np.asarray(measure_labels).reshape(-1),
                                              threshold)

@@ -393,7 +393,18 @@ def _calibration(summary: dict[str, Any]) -> str:
              [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
     rejected = (f"<p class='few'>Not applied: {_e(report.get('note', ''))}; both columns are the model as trained."
                 "</p>" if report.get("applied") is False else "")
-    return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures)
+    reliability = report.get("reliability") or {}
+    diagram = ""
+    if reliability.get("before"):
+        what = "share of positives" if threshold is not None else "share right"
+        series = [(name, [(x, y) for x, y, _ in reliability.get(key) or []])
+                  for name, key in (("as trained", "before"), ("calibrated", "after"))]
+        diagram = _figure(charts.lines("reliability", series, "reliability diagram", "mean predicted probability"
+                                       if threshold is not None else "mean confidence", what, diagonal=True,
+                                       bounds=(0, 1, 0, 1), points=True),
+                          f"Reliability on the {_e(report.get('measured_on', 'eval rows'))}: ten equal-mass bins of "
+                          "rows; on the dashed line a probability means what it says (ece is the weighted gap).")
+    return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures) + diagram
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
               "they say; ece, the expected calibration error over ten equal-mass bins of rows, is 0 then.</p>")
 

@@ -256,3 +256,21 @@ def test_expected_calibration_error_over_equal_mass_bins():
     assert np.isnan(expected_calibration_error(np.array([]), np.array([])))
     figures = binary_figures(np.full(20, 0.9), np.array([1] * 12 + [0] * 8), 0.5)
     assert figures["ece"] == pytest.approx(0.3)
+
+
+def test_the_record_holds_a_reliability_diagram_before_and_after():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 3.0, (3000, 3))
+    labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
+    record = calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
+                                labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
+    for key in ("before", "after"):
+        points = record["reliability"][key]
+        assert len(points) == 10 and sum(rows for _, _, rows in points) == 1500
+        assert all(0 <= confidence <= 1 and 0 <= right <= 1 for confidence, right, _ in points)
+    # Over-confident before (each bin right less often than it claims), close to the diagonal after.
+    gap = {key: np.mean([c - r for c, r, _ in record["reliability"][key]]) for key in ("before", "after")}
+    assert gap["before"] > 0.05 and abs(gap["after"]) < gap["before"]
+    from pipeline.report_page import _calibration
+
+    assert "data-chart='reliability'" in _calibration({"calibration": record})

@@ -342,6 +342,10 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
     verdict = {True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
                None: "not judged (no threshold set and no baseline)"}[blessed]
     parts = [f"<h3>Comparison with the baseline</h3><p>Verdict: {verdict}.</p>"]
+    if "Evaluator" in (summary.get("cached_stages") or []):
+        # A cached Evaluator's verdict is the earlier run's: reading it as this run's comparison misleads.
+        parts.append("<p class='note'>The Evaluator was served from the cache: this is the verdict and the "
+                     "comparison of the earlier run that evaluated this same model, not a new evaluation.</p>")
     candidate = summary.get("metrics") or {}
     base = baseline.get("metrics") or {}
     if base:

@@ -152,3 +152,11 @@ def test_a_calibration_that_was_not_applied_says_so_on_the_console():
 
     assert f"Not applied: {note}; both columns are the model as trained." in _calibration(
         {"calibration": summary.calibration})
+
+
+def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():
+    from pipeline.report_page import _baseline
+
+    cached = _baseline({"blessed": True, "cached_stages": ["Evaluator"]}, "auc")
+    assert "served from the cache: this is the verdict and the comparison of the earlier run" in cached
+    assert "served from the cache" not in _baseline({"blessed": True, "cached_stages": []}, "auc")

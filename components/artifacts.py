@@ -37,6 +37,8 @@ CALIBRATION_SPLIT = "calibration"
 SCHEMA_DIFF_FILE = "SchemaDiff.pb"
 # StatisticsGen's TFDV statistics in each split folder, and SchemaGen's schema at its artifact's root.
 STATISTICS_FILE = "FeatureStats.pb"
+# At the root of ExampleGen's Examples: how many rows it left out for a missing label (components/example_gen).
+MISSING_LABEL_FILE = "missing_label_rows.json"
 SCHEMA_FILE = "schema.pbtxt"
 # ExampleGen and Transform write gzipped TFRecord files of tf.Examples.
 RECORD_FILE_PATTERN = "*.gz"

@@ -26,6 +26,8 @@ from pipeline.config import CalibrationConfig
 # Newton steps of the Platt fit and the bounds of log T searched by the temperature fit.
 _NEWTON_STEPS = 100
 _LOG_TEMPERATURE_BOUNDS = (-5.0, 5.0)
+# Equal-mass bins of the expected calibration error: ten groups of rows, ordered by probability.
+ECE_BINS = 10
 
 
 class CalibrationError(ValueError):
@@ -141,14 +143,52 @@ def choose_threshold(probabilities: np.ndarray, labels: np.ndarray, objective: s
     raise CalibrationError(f"calibration.threshold_objective '{objective}' is unknown; choose f1 or min_precision.")
 
 
+def expected_calibration_error(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> float:
+    """The expected calibration error over equal-mass bins: the rows cut at the quantiles of `confidence` into
+    `bins` groups of about equal size (equal confidences stay in one group), each group's |mean confidence - mean
+    outcome| weighted by its share of the rows. 0 when every probability means the frequency it claims; NaN
+    without rows."""
+    c = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    o = np.asarray(outcome, dtype=np.float64).reshape(-1)
+    if c.size == 0:
+        return float("nan")
+    edges = np.quantile(c, np.linspace(0.0, 1.0, bins + 1)[1:-1])
+    groups = np.searchsorted(edges, c, side="right")
+    return float(sum(np.mean(groups == g) * abs(c[groups == g].mean() - o[groups == g].mean())
+                     for g in np.unique(groups)))
+
+
+def reliability_bins(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> list[list[float]]:
+    """The reliability diagram's points over the same equal-mass bins as expected_calibration_error: per bin the
+    mean confidence, the observed frequency and the rows."""
+    c = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    o = np.asarray(outcome, dtype=np.float64).reshape(-1)
+    if c.size == 0:
+        return []
+    groups = np.searchsorted(np.quantile(c, np.linspace(0.0, 1.0, bins + 1)[1:-1]), c, side="right")
+    return [[float(c[groups == g].mean()), float(o[groups == g].mean()), int(np.sum(groups == g))]
+            for g in np.unique(groups)]
+
+
+def _reliability(kind: str, probabilities: np.ndarray, labels: np.ndarray) -> list[list[float]]:
+    """A binary model's positive probability against the share of positives; a multiclass model's confidence (its
+    highest probability) against how often that class is right."""
+    p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels).reshape(-1)
+    if kind == "temperature":
+        return reliability_bins(p.max(axis=1), np.argmax(p, axis=1) == y)
+    return reliability_bins(p.reshape(-1), y == 1)
+
+
 def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
-    """calibration (mean probability / mean label, TFMA's figure), AUC, and precision and recall at `threshold`."""
+    """calibration (mean probability / mean label, TFMA's figure), the expected calibration error of the positive
+    probability (equal-mass bins), AUC, and precision and recall at `threshold`."""
     p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
     y = np.asarray(labels).reshape(-1)
     true_pos, false_pos, false_neg = _counts(p, y, threshold)
     positive_rate = float(np.mean(y == 1))
     return {
         "calibration": float(np.mean(p) / positive_rate) if positive_rate > 0 else float("nan"),
+        "ece": expected_calibration_error(p, y == 1),
         "auc": float(roc_auc_score(y == 1, p)) if 0 < positive_rate < 1 else float("nan"),
         "precision": true_pos / (true_pos + false_pos) if true_pos + false_pos else float("nan"),
         "recall": true_pos / (true_pos + false_neg) if true_pos + false_neg else float("nan"),
@@ -156,8 +196,9 @@ def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: flo
 
 
 def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """calibration (mean confidence of the argmax / accuracy: 1 when confidence means accuracy), macro AUC, and
-    macro precision and recall of the argmax."""
+    """calibration (mean confidence of the argmax / accuracy: 1 when confidence means accuracy), the expected
+    calibration error of that confidence (equal-mass bins), macro AUC, and macro precision and recall of the
+    argmax."""
     from components.tasks import macro_auc
 
     p = np.asarray(probabilities, dtype=np.float64)
@@ -172,6 +213,7 @@ def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
             recalls.append(float(np.mean(predicted[y == c] == c)))
     return {
         "calibration": float(np.mean(p.max(axis=1)) / accuracy) if accuracy > 0 else float("nan"),
+        "ece": expected_calibration_error(p.max(axis=1), predicted == y),
         "auc": macro_auc(p, y),
         "precision": float(np.mean(precisions)) if precisions else float("nan"),
         "recall": float(np.mean(recalls)) if recalls else float("nan"),
@@ -208,7 +250,10 @@ def calibration_record(
     if calibration.method == "temperature":
         record.update(objective="argmax", threshold=None, temperature=1.0 / calibration.scale,
                       before=multiclass_figures(softmax(measure_logits), measure_labels),
-                      after=multiclass_figures(apply(calibration, measure_logits), measure_labels))
+                      after=multiclass_figures(apply(calibration, measure_logits), measure_labels),
+                      reliability={"before": _reliability("temperature", softmax(measure_logits), measure_labels),
+                                   "after": _reliability("temperature", apply(calibration, measure_logits),
+                                                         measure_labels)})
         return record
     threshold = choose_threshold(apply(calibration, fit_logits), fit_labels, options.threshold_objective,
                                  options.min_precision)
@@ -219,7 +264,9 @@ def calibration_record(
     record.update(objective=options.threshold_objective, threshold=threshold, scale=calibration.scale,
                   shift=calibration.shift, positive_rate=positive_rate,
                   before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
-                  after=binary_figures(calibrated, measure_labels, threshold))
+                  after=binary_figures(calibrated, measure_labels, threshold),
+                  reliability={"before": _reliability("platt", sigmoid(measure_logits), measure_labels),
+                               "after": _reliability("platt", calibrated, measure_labels)})
     # TFMA's thresholds are fixed when the pipeline is built, so the report's matrix at this one is counted here.
     true_pos, false_pos, false_neg = _counts(calibrated.reshape(-1), np.asarray(measure_labels).reshape(-1),
                                              threshold)
@@ -297,4 +344,21 @@ def calibrate(
     calibration = fit(method, fit_logits, fit_labels)
     record = calibration_record(calibration, options, fit_logits, fit_labels, measure_logits, measure_labels,
                                 fitted_on, measured_on)
+    fitted = record
+    if _farther_from_one(record["before"]["calibration"], record["after"]["calibration"]):
+        # A fit that makes the measured probabilities less trustworthy is no calibration: the model keeps its own
+        # (a binary model's threshold is still chosen, on those probabilities).
+        record = calibration_record(Calibration(method), options, fit_logits, fit_labels, measure_logits,
+                                    measure_labels, fitted_on, measured_on)
+        record.update(applied=False, rejected={"before": fitted["before"]["calibration"],
+                                               "after": fitted["after"]["calibration"]},
+                      note=f"{method} scaling moved the eval calibration from {fitted['before']['calibration']:.4f} to "
+                           f"{fitted['after']['calibration']:.4f}, further from 1, so it is not applied")
+        return fold(model, Calibration(method)), record
+    record["applied"] = True
     return fold(model, calibration), record
+
+
+def _farther_from_one(before: float, after: float) -> bool:
+    """Whether the calibration figure (1 when probabilities mean frequencies) got worse; NaN never counts."""
+    return bool(np.isfinite(before) and np.isfinite(after) and abs(after - 1.0) > abs(before - 1.0))

@@ -366,6 +366,34 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
                      self._global_batch, seconds, self._examples / seconds)
 
 
+class NonFiniteLoss(ValueError):
+    """The training loss became NaN or infinite: the model learned nothing usable."""
+
+
+def check_finite_loss(loss: Any, epoch: int, task: Task) -> None:
+    """Raises NonFiniteLoss, in one sentence naming the likely cause, when the epoch's training loss is not
+    finite."""
+    if loss is None or math.isfinite(float(loss)):
+        return
+    cause = ("a missing or infinite label value (a regression label must be a number in every row)"
+             if task.kind == "regression" else "an infinite feature value or too high a learning rate")
+    raise NonFiniteLoss(f"the training loss is {float(loss)} after epoch {epoch + 1}, so the model learned nothing; "
+                        f"the likely cause is {cause}: check the label and feature columns, or lower "
+                        "training.learning_rate (training.clipnorm caps the steps).")
+
+
+class FiniteLossCheck(tf.keras.callbacks.Callback):
+    """Stops training at the first epoch whose loss is NaN or infinite, instead of reporting a useless model as
+    trained."""
+
+    def __init__(self, task: Task):
+        super().__init__()
+        self._task = task
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        check_finite_loss((logs or {}).get("loss"), epoch, self._task)
+
+
 def apply_hyperparameters(training: TrainingConfig, hyperparameters: dict[str, Any] | None) -> TrainingConfig:
     """Training settings with the Tuner's best values (layer width, depth, learning rate) put in."""
     if not hyperparameters:
@@ -451,6 +479,7 @@ def run_fn(fn_args: FnArgs) -> None:
         monitor, mode = training_objective(task)
         epochs = max(1, math.ceil(fn_args.train_steps / steps_per_epoch))
         callbacks = [
+            FiniteLossCheck(task),
             ThroughputLogger(global_batch, steps_per_epoch),
             # Every epoch end: a worker group that dies and restarts resumes from the last epoch, not from step 0.
             # All workers use the same folder; tf_keras lets only the chief write into it.

@@ -30,6 +30,8 @@ EXPORT_KEY = "export"
 MISSING_VALUES_KEY = "missing_values"
 # ... and, with data.stratify, the label section ExampleGen stratifies the split by.
 STRATIFY_LABEL_KEY = "stratify_label"
+# ... and the label's raw column: rows without a value there are left out (nothing to learn or measure from them).
+LABEL_COLUMN_KEY = "label_column"
 EVALUATION_KEY = "evaluation"
 # A hash of components/ (pipeline.pipeline.code_fingerprint): TFX's cache keys on properties, not on source code.
 CODE_FINGERPRINT_KEY = "code_fingerprint"

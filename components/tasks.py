@@ -117,6 +117,24 @@ def task_metrics(kind: str, outputs: np.ndarray, labels: np.ndarray) -> dict[str
                                                                                             np.asarray(labels))
 
 
+def no_skill_figures(kind: str, labels: np.ndarray, classes: int = 0) -> dict[str, float]:
+    """What a predictor that ignores the features scores on rows with these `labels`: for binary the base rate
+    (AUC 0.5, the majority's accuracy, the base rate's log loss), for multiclass the class shares (the majority
+    class's accuracy, the shares' log loss), for a regression the rows' mean (its RMSE and MAE, R² 0)."""
+    y = np.asarray(labels).reshape(-1)
+    if y.size == 0:
+        return {}
+    if kind == "regression":
+        y = y.astype(np.float64)
+        return {"rmse": float(np.std(y)), "mae": float(np.mean(np.abs(y - y.mean()))), "r2": 0.0}
+    counts = np.bincount(y.astype(np.int64), minlength=max(classes, 2 if kind == "binary" else 1))
+    shares = counts / counts.sum()
+    log_loss = float(-np.sum(shares * np.log(np.clip(shares, PROB_EPSILON, 1.0))))
+    if kind == "binary":
+        return {"auc": 0.5, "accuracy": float(shares.max()), "log_loss": log_loss}
+    return {"macro_auc": 0.5, "accuracy": float(shares.max()), "log_loss": log_loss}
+
+
 def degradation(kind: str, metric: str, before: float, after: float) -> float:
     """How much worse `after` is than `before` on the metric, in its units: positive when worse, negative when
     better (a drop in AUC, a rise in RMSE)."""

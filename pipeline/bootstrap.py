@@ -21,11 +21,21 @@ import yaml
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
-from pipeline.config import BeamConfig, ConfigError, DataConfig, PipelineConfig, load_config
+from pipeline.config import (
+    REGRESSION_TOLERANCE_SHARE,
+    TOLERANCE_KEYS,
+    BeamConfig,
+    ConfigError,
+    DataConfig,
+    LabelConfig,
+    PipelineConfig,
+    load_config,
+)
 from pipeline.data import (
     COMMON_MISSING_MARKERS,
     ColumnProfile,
     DataError,
+    cell_type,
     check_csv_folder,
     csv_header,
     profile_columns,
@@ -48,7 +58,16 @@ LONG_TAIL_RATIO = 5.0
 # String labels read as the positive answer of a yes/no question.
 # TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
 MIN_AUC = 0.6
+# A multiclass model must close this share of the gap between always answering the most common class and a perfect
+# accuracy: 0.52 against the majority's 0.49 is a weak model that reads well.
+NO_SKILL_GAIN = 0.1
 POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
+# A column whose filled cells are at least this share numbers, the rest at most JUNK_MAX_VALUES distinct strings,
+# is a numeric column with junk cells: the strings are proposed as missing-value markers.
+MOSTLY_NUMERIC_SHARE = 0.8
+JUNK_MAX_VALUES = 5
+# The schema type ExampleGen gives a column of each profile kind.
+PROFILE_TYPES = {"int": schema_pb2.INT, "float": schema_pb2.FLOAT, "string": schema_pb2.BYTES}
 SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_pb2.BYTES: "strings"}
 
 
@@ -109,6 +128,54 @@ def propose_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str], list
     return proposed, notes
 
 
+def _mostly_numeric(profile: ColumnProfile) -> bool:
+    """Whether the column's values are numbers but for a few strings (junk cells such as 'unknown' or '?x')."""
+    numbers, strings = profile.types["int"] + profile.types["float"], profile.types["string"]
+    return bool(strings and numbers) and numbers >= MOSTLY_NUMERIC_SHARE * (numbers + strings)
+
+
+def propose_junk_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str], list[str]]:
+    """The non-numeric values of mostly-numeric columns, proposed as missing-value markers (otherwise the column
+    becomes a string vocabulary, and a number unseen in training an unknown id), and a note per column saying which
+    values, how often, where first, and whether they are proposed or why not."""
+    proposed: list[str] = []
+    notes = []
+    for profile in profiles.values():
+        if not _mostly_numeric(profile):
+            continue
+        junk = Counter({v: n for v, n in profile.odd_values.items() if cell_type(v) == "string"})
+        numbers = profile.types["int"] + profile.types["float"]
+        head = (f"column {profile.name!r} holds numbers in {numbers:,} of {numbers + profile.types['string']:,} "
+                f"filled cells; the others are {profile.samples(('string',), count=JUNK_MAX_VALUES)}")
+        if len(junk) > JUNK_MAX_VALUES or sum(junk.values()) < profile.types["string"]:
+            notes.append(f"{head}, and more: not proposed, as so many different values are no missing-value marker; "
+                         "clean the column or list its junk under data.missing_values")
+            continue
+        # A marker applies to every column: one that is a real value of a string column would be lost there.
+        used = sorted({other.name for other in profiles.values() if other is not profile
+                       and not _mostly_numeric(other) and other.types["string"] and set(junk) & set(other.values)})
+        if used:
+            notes.append(f"{head}: not proposed, as {'they are' if len(junk) > 1 else 'it is a'} value"
+                         f"{'s' * (len(junk) > 1)} of the string column{'s' * (len(used) > 1)} {', '.join(used)} too; "
+                         "clean the column, or add them to data.missing_values if they mean missing everywhere")
+            continue
+        new = [v for v, _ in junk.most_common() if v not in proposed]
+        proposed += new
+        notes.append(f"{head}: proposed as missing-value marker{'s' * (len(junk) > 1)}, so the column stays numeric")
+    return proposed, notes
+
+
+def read_as_markers(profiles: dict[str, ColumnProfile], values: list[str]) -> None:
+    """Counts the cells holding `values` as markers in every profile, as ExampleGen will read them."""
+    for profile in profiles.values():
+        for value in values:
+            count = profile.values.pop(value, 0)
+            if count:
+                profile.markers[value] += count
+                profile.types[cell_type(value)] -= count
+                profile.odd_values.pop(value, None)
+
+
 def _values(profile: ColumnProfile, markers: list[str]) -> Counter:
     """The column's values once `markers` are read as missing: markers not among them are values."""
     values = Counter(profile.values)
@@ -147,7 +214,8 @@ def infer_label(profile: ColumnProfile, schema_type: int, markers: list[str]) ->
     total = sum(values.values())
     described = f"{SCHEMA_TYPES.get(schema_type, 'values')}, {_distinct(profile, values)} distinct values"
     missing = _missing(profile, markers)
-    gaps = f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}" if missing else ""
+    gaps = (f"; {column} is missing in {missing:,} row{'s' * (missing != 1)}, which `mlops run` leaves out (nothing "
+            "to learn or measure there)" if missing else "")
     if len(values) == 2 and schema_type == schema_pb2.BYTES:
         positive, why = _positive_value(values)
         return LabelChoice("binary", {"positive_value": positive},
@@ -278,15 +346,43 @@ def schema_anomalies(statistics: dict[str, statistics_pb2.DatasetFeatureStatisti
     return found
 
 
-def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None) -> tuple[dict[str, float], str]:
-    """The evaluation bound a first model must meet to be blessed (and published), with the reason."""
+def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None,
+                   classes: Counter | None = None) -> tuple[dict[str, float], str]:
+    """The evaluation bounds a first model must meet to be blessed (and published), with the reason; with the
+    label's `classes` (value -> rows), a multiclass model must also beat always answering the most common one."""
     if kind != "regression":
         metric = "AUC" if kind == "binary" else "macro AUC (one-vs-rest)"
-        return {"lower_bound": MIN_AUC}, f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
+        bounds = {"lower_bound": MIN_AUC}
+        reason = f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
+        if kind == "multiclass" and classes:
+            common, rows = classes.most_common(1)[0]
+            share = rows / sum(classes.values())
+            bounds["min_accuracy"] = round(share + NO_SKILL_GAIN * (1 - share), 4)
+            reason += (f" and an eval accuracy of at least {bounds['min_accuracy']:g} (always answering {common!r} "
+                       f"scores {share:.4f}; the model must close {NO_SKILL_GAIN:.0%} of the gap to 1)")
+        return bounds, reason
     std = label_stats.num_stats.std_dev if label_stats is not None else 0.0
     bound = float(f"{std:.4g}")
     return {"upper_bound": bound}, (f"blessed with an eval RMSE of at most {bound:g}, the label's standard deviation "
                                     "in the training split: what predicting its mean for every row scores")
+
+
+def regression_tolerances(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None
+                          ) -> tuple[dict[str, dict[str, float]], str]:
+    """A regression's tolerances in the label's units (REGRESSION_TOLERANCE_SHARE of its standard deviation), by
+    config section, with the reason; none for a classifier, whose defaults are in the metric's own units."""
+    std = label_stats.num_stats.std_dev if label_stats is not None else 0.0
+    if kind != "regression" or std <= 0:
+        return {}, ""
+    tolerance = float(f"{REGRESSION_TOLERANCE_SHARE * std:.3g}")
+    sections = {key.split(".")[0]: {key.split(".")[1]: tolerance} for key in TOLERANCE_KEYS}
+    return sections, (f"{', '.join(TOLERANCE_KEYS)} {tolerance:g}: {REGRESSION_TOLERANCE_SHARE:.1%} of the label's "
+                      f"standard deviation {std:.4g}, as the error they limit is in the label's units")
+
+
+def calibration_buckets(kind: str) -> int:
+    """data.calibration_buckets of a starter config: a classifier's probabilities are calibrated on their own split."""
+    return 0 if kind == "regression" else 1
 
 
 def _scalar(value: Any) -> str:
@@ -296,7 +392,8 @@ def _scalar(value: Any) -> str:
 
 def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: list[str], label_column: str,
                 label_name: str, label: LabelChoice, placements: list[Placement], schema_file: str,
-                command: str, bound: tuple[dict[str, float], str] = ({}, "")) -> str:
+                command: str, bound: tuple[dict[str, float], str] = ({}, ""),
+                tolerances: tuple[dict[str, dict[str, float]], str] = ({}, "")) -> str:
     """The starter config as YAML, each choice with its reason as a comment."""
     lines = [f"# Written by `{command}`: a starting point to review.",
              f"# The schema ({schema_file}) and this file came from the data; {name}_statistics.html shows it.",
@@ -320,18 +417,29 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
     if left_out:
         lines.append("  # Left out:")
         lines += [f"  #   {p.column}: {p.reason}" for p in left_out]
-    if label.kind != "regression":
-        lines.append("  calibration_buckets: 1   # a sixth of the rows, held out of training and evaluation: the "
-                     "probabilities are calibrated on them")
+    if calibration_buckets(label.kind):
+        lines.append(f"  calibration_buckets: {calibration_buckets(label.kind)}   # a sixth of the rows, held out of "
+                     "training and evaluation: the probabilities are calibrated on them")
     lines += ["", "label:", f"  # {label_column}: {label.reason}"]
     if label_name != "label":
         lines.append(f"  name: {_scalar(label_name)}   # 'label' is a column of the data")
     lines += [f"  column: {_scalar(label_column)}", f"  kind: {label.kind}"]
     lines += [f"  {key}: {_scalar(value)}" for key, value in label.keys.items()]
     bounds, reason = bound
-    if bounds:
-        lines += ["", "evaluation:", f"  # {reason}"]
-        lines += [f"  {key}: {_scalar(value)}" for key, value in bounds.items()]
+    limits, why = tolerances
+    if bounds or limits.get("evaluation"):
+        lines += ["", "evaluation:"]
+        if bounds:
+            lines.append(f"  # {reason}")
+            lines += [f"  {key}: {_scalar(value)}" for key, value in bounds.items()]
+        lines += [f"  {key}: {_scalar(value)}   # the most above the baseline model's, in the label's units"
+                  for key, value in limits.get("evaluation", {}).items()]
+    comments = {"optimize": "pruning may worsen the eval metric by at most this, in the label's units",
+                "export": "a quantized TFLite variant may worsen it by at most this"}
+    for section in ("optimize", "export"):
+        if limits.get(section):
+            lines += ["", f"{section}:"] + ([f"  # {why}"] if section == "optimize" else [])
+            lines += [f"  {key}: {_scalar(value)}   # {comments[section]}" for key, value in limits[section].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -347,7 +455,7 @@ def _read_outputs(config: PipelineConfig) -> tuple[dict[str, statistics_pb2.Data
 
     store = metadata.connect(os.path.abspath(config.metadata_path))
     statistics = {}
-    for split in SPLITS:
+    for split in SPLITS + ((artifacts.CALIBRATION_SPLIT,) if config.data.calibration_buckets else ()):
         folder = metadata.latest_split(store, config.name, "StatisticsGen", "statistics", split)
         statistics[split] = statistics_pb2.DatasetFeatureStatisticsList.FromString(
             artifacts.read_bytes(artifacts.join(folder, artifacts.STATISTICS_FILE)))
@@ -438,14 +546,24 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     markers, marker_notes = propose_markers(profiles)
     for note in marker_notes:
         print(f"  missing-value marker {note}", file=out)
+    junk, junk_notes = propose_junk_markers(profiles)
+    for note in junk_notes:
+        print(f"  {note}", file=out)
+    read_as_markers(profiles, junk)
+    markers, marker_notes = markers + junk, marker_notes + junk_notes
     print(f"  data.missing_values: [{', '.join(_scalar(m) for m in markers)}]", file=out, flush=True)
 
-    if len(_values(profiles[label], markers)) < 2:
-        infer_label(profiles[label], schema_pb2.TYPE_UNKNOWN, markers)
+    # The task as the profile types the label (ExampleGen's own inference): init splits the rows as the run of its
+    # config will, so the counts it prints are the run's, and a label with nothing to predict fails before TFX.
+    guess = infer_label(profiles[label], PROFILE_TYPES.get(profiles[label].kind, schema_pb2.TYPE_UNKNOWN), markers)
 
     work = Path(tempfile.mkdtemp(prefix="mlops-init-"))
     config = PipelineConfig(name=name, output_root=str(work),
-                            data=DataConfig(path=str(folder.resolve()), missing_values=markers),
+                            data=DataConfig(path=str(folder.resolve()), missing_values=markers,
+                                            calibration_buckets=calibration_buckets(guess.kind)),
+                            # ExampleGen leaves out the rows without a label, as the run will: the schema then
+                            # requires the label, and the statistics are those of the rows the model learns from.
+                            label=LabelConfig(column=label, kind=guess.kind, **guess.keys),
                             beam=BeamConfig(direct_running_mode="in_memory"))
     statistics, inferred = run_statistics(config, out)
     try:
@@ -492,11 +610,14 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
 
     label_stats = next((f for f in statistics["train"].datasets[0].features
                         if (f.path.step[-1] if f.path.step else f.name) == label), None)
-    bound = blessing_bound(choice.kind, label_stats)
+    bound = blessing_bound(choice.kind, label_stats, _values(profiles[label], markers))
     print(f"evaluation: {bound[1]}", file=out)
+    tolerances = regression_tolerances(choice.kind, label_stats)
+    if tolerances[0]:
+        print(f"tolerances: {tolerances[1]}", file=out)
     label_name = next(n for n in ("label", "target", f"{label}_label") if n not in header)
     config = config_text(name, folder.resolve(), markers, marker_notes, label, label_name, choice, placements,
-                         paths[1].name, command, bound)
+                         paths[1].name, command, bound, tolerances)
     notes = [f"Missing-value markers read as empty cells: {', '.join(repr(m) for m in markers) or 'none'}."]
     page = statistics_html(statistics, f"Statistics of {folder.resolve()}", notes)
     texts = [config, schema_text(schema, folder.resolve(), command), page]

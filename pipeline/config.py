@@ -180,6 +180,27 @@ def higher_is_better(kind: str, metric: str = "auto") -> bool:
     return TASK_METRICS[kind][task_metric(kind, metric)]
 
 
+# The limits on how much worse evaluation.metric may get: each judges its own comparison (pruned against trained,
+# quantized against float, candidate against baseline), all in the metric's units.
+TOLERANCE_KEYS = ("optimize.max_degradation", "export.max_quantized_degradation", "evaluation.max_degradation")
+# A regression's errors are in the label's units: `mlops init` writes each tolerance as this share of the label's
+# standard deviation (the shipped diabetes job: 2.0 against about 77).
+REGRESSION_TOLERANCE_SHARE = 0.025
+
+
+def tolerance_note(key: str, kind: str, metric: str = "auto", label_std: float | None = None) -> str:
+    """The clause a failed tolerance adds to its message: the other keys that limit the same metric, and for a
+    regression error the label's spread, so that one edit fixes every gate."""
+    metric = task_metric(kind, metric)
+    others = " and ".join(k for k in TOLERANCE_KEYS if k != key)
+    note = f"{others} limit the same eval {metric} in the same units, so raise them alike"
+    if kind == "regression" and metric in ("rmse", "mae"):
+        spread = f" (its standard deviation is {label_std:.4g})" if label_std else ""
+        note += (f"; a regression's {metric} is in the label's units{spread}, and {REGRESSION_TOLERANCE_SHARE:.1%} of "
+                 "that spread is a usual tolerance")
+    return note
+
+
 @dataclass
 class EvaluationConfig:
     slice_feature: str = ""
@@ -190,6 +211,9 @@ class EvaluationConfig:
     # bound) ...
     lower_bound: float | None = None
     upper_bound: float | None = None
+    # ... and, for a classifier, only with an eval accuracy of at least this (null: no such bound): `mlops init`
+    # writes it for a multiclass label a step above always answering the most common class.
+    min_accuracy: float | None = None
     # ... and at most this much worse than the baseline model's, in the metric's units: lower for a metric where
     # higher is better (AUC, accuracy, R²), higher for an error (RMSE, MAE, log loss).
     max_degradation: float = 0.01
@@ -773,6 +797,10 @@ def _validate_task(label: LabelConfig, evaluation: EvaluationConfig) -> None:
     if evaluation.baseline == "none" and lower is None and upper is None:
         raise ConfigError("evaluation.baseline is none and no bound is set, so nothing could bless a model; set "
                           "evaluation.lower_bound or evaluation.upper_bound.")
+    if evaluation.min_accuracy is not None and (label.kind == "regression"
+                                                 or not 0.0 <= evaluation.min_accuracy <= 1.0):
+        raise ConfigError(f"evaluation.min_accuracy ({evaluation.min_accuracy}) bounds a classifier's accuracy, a "
+                          f"share from 0 to 1, and label.kind is {label.kind}; set it within [0, 1] or to null.")
     if lower is not None and upper is not None and lower > upper:
         raise ConfigError(f"evaluation.lower_bound ({lower}) is above evaluation.upper_bound ({upper}), so no model "
                           "could be blessed; swap or remove one.")

@@ -147,6 +147,8 @@ class ColumnProfile:
     # Non-integer values (floats, strings) -> cells, and where each was first seen ("data.csv line 12").
     odd_values: Counter = field(default_factory=Counter)
     first_seen: dict[str, str] = field(default_factory=dict)
+    # Distinct odd values kept per type: many floats must not crowd out the few strings among them.
+    odd_kinds: Counter = field(default_factory=Counter)
 
     @property
     def missing(self) -> int:
@@ -212,7 +214,8 @@ def _count_cells(profile: ColumnProfile, cells: tuple[str, ...], markers: set[st
             profile.more_values = True
         kind = cell_type(cell)
         profile.types[kind] += count
-        if kind != "int" and (cell in profile.odd_values or len(profile.odd_values) < ODD_VALUES_CAP):
+        if kind != "int" and (cell in profile.odd_values or profile.odd_kinds[kind] < ODD_VALUES_CAP):
+            profile.odd_kinds[kind] += cell not in profile.odd_values
             profile.odd_values[cell] += count
             if cell not in profile.first_seen:
                 profile.first_seen[cell] = f"{path.name} line {lines[cells.index(raw)]}"

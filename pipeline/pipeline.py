@@ -127,10 +127,18 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     for name, (class_name, module, key) in TFMA_METRICS[kind].items():
         metric = tfma.MetricConfig(class_name=class_name, module=module,
                                    config=json.dumps({"name": key}) if module else "")
-        if name == blessing and threshold.ListFields():
+        judged = tfma.MetricThreshold()
+        if name == blessing:
+            judged.CopyFrom(threshold)
+        if name == "accuracy" and evaluation.min_accuracy is not None:
+            # The no-skill bound: TFMA blesses only when every threshold of every metric passes.
+            bound = max(evaluation.min_accuracy, judged.value_threshold.lower_bound.value
+                        if judged.value_threshold.HasField("lower_bound") else evaluation.min_accuracy)
+            judged.value_threshold.lower_bound.value = bound
+        if judged.ListFields():
             # Judged on all eval rows; small slices (a rare payment type) can hold one class only.
             metric.per_slice_thresholds.append(
-                tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=threshold))
+                tfma.PerSliceMetricThreshold(slicing_specs=[tfma.SlicingSpec()], threshold=judged))
         metrics.append(metric)
     for class_name, module, key in EXTRA_METRICS[kind]:
         metrics.append(tfma.MetricConfig(class_name=class_name, module=module,
@@ -233,8 +241,9 @@ def stratify_label(config: PipelineConfig) -> dict[str, Any] | None:
 
 
 def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
-    """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells (also what
-    `mlops init` reads the data with, so that its schema describes the same encoding)."""
+    """ExampleGen: the CSV folder as train and eval tf.Examples, `data.missing_values` read as empty cells and rows
+    without a value of `label.column` left out (also what `mlops init` reads the data with, so that its schema
+    describes the same encoding)."""
     return FileBasedExampleGen(
         input_base=RuntimeParameter(name=DATA_ROOT_PARAMETER, ptype=str, default=data_root(config)),
         input_config=example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="*.csv")]),
@@ -250,7 +259,7 @@ def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:
             )
         ),
         custom_config=example_gen_custom_config(config.data.missing_values, code_fingerprint(EXAMPLE_GEN_CODE),
-                                                stratify_label(config)),
+                                                stratify_label(config), config.label.column),
         custom_executor_spec=executor_spec.BeamExecutorSpec(CsvMarkersExecutor),
     ).with_id(EXAMPLE_GEN_NODE)
 

@@ -102,6 +102,9 @@ def _data(summary: dict[str, Any]) -> str:
         return "<p class='note'>The run recorded no statistics.</p>"
     rows = data.get("rows", {})
     parts = [charts.bars("rows", [(split, float(n), "rows") for split, n in rows.items()], "rows per split")]
+    if data.get("missing_label_rows"):
+        parts.append(f"<p class='note'>{data['missing_label_rows']} row(s) without a label were left out before the "
+                     "split.</p>")
     features = data.get("features", {})
     splits = list(features)
     names = sorted({name for per in features.values() for name in per})
@@ -339,6 +342,10 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
     verdict = {True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
                None: "not judged (no threshold set and no baseline)"}[blessed]
     parts = [f"<h3>Comparison with the baseline</h3><p>Verdict: {verdict}.</p>"]
+    if "Evaluator" in (summary.get("cached_stages") or []):
+        # A cached Evaluator's verdict is the earlier run's: reading it as this run's comparison misleads.
+        parts.append("<p class='note'>The Evaluator was served from the cache: this is the verdict and the "
+                     "comparison of the earlier run that evaluated this same model, not a new evaluation.</p>")
     candidate = summary.get("metrics") or {}
     base = baseline.get("metrics") or {}
     if base:
@@ -383,14 +390,27 @@ def _calibration(summary: dict[str, Any]) -> str:
     if rates:
         facts.append(["positive rate", f"{rates['fitted']:.1%} of the rows fitted on, {rates['measured']:.1%} of "
                                        f"the {_num(report.get('measured_rows', ''))} rows measured on"])
-    names = [n for n in ("calibration", "auc", "precision", "recall") if n in before or n in after]
+    names = [n for n in ("calibration", "ece", "auc", "precision", "recall") if n in before or n in after]
     figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
     threshold = report.get("threshold")
     heads = (["before: as trained", "after: calibrated"] if threshold is None else
              [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
-    return (_table(["", ""], facts) + _table(["figure", *heads], figures)
+    rejected = (f"<p class='few'>Not applied: {_e(report.get('note', ''))}; both columns are the model as trained."
+                "</p>" if report.get("applied") is False else "")
+    reliability = report.get("reliability") or {}
+    diagram = ""
+    if reliability.get("before"):
+        what = "share of positives" if threshold is not None else "share right"
+        series = [(name, [(x, y) for x, y, _ in reliability.get(key) or []])
+                  for name, key in (("as trained", "before"), ("calibrated", "after"))]
+        diagram = _figure(charts.lines("reliability", series, "reliability diagram", "mean predicted probability"
+                                       if threshold is not None else "mean confidence", what, diagonal=True,
+                                       bounds=(0, 1, 0, 1), points=True),
+                          f"Reliability on the {_e(report.get('measured_on', 'eval rows'))}: ten equal-mass bins of "
+                          "rows; on the dashed line a probability means what it says (ece is the weighted gap).")
+    return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures) + diagram
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
-              "they say.</p>")
+              "they say; ece, the expected calibration error over ten equal-mass bins of rows, is 0 then.</p>")
 
 
 def optimization_html(report: dict[str, Any]) -> str:

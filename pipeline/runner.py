@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
+from pipeline import STARTED
 from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.preflight import check_config
@@ -153,6 +154,9 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         summary.elapsed_seconds = round(progress.elapsed(), 2)
         summary.log_path = log_path
         report_dir = os.path.join(config.output_root, "runs", summary.run_id)
+        summary.total_seconds = round(time.monotonic() - STARTED, 2)
+        if "Publisher" in summary.cached_stages:
+            summary.published_new = False
         json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
@@ -181,12 +185,36 @@ def _per_class_lines(metrics: dict[str, float], classes: list[str]) -> list[str]
 def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: TextIO) -> None:
     m = summary.metrics
     print("\nsummary", file=out)
-    print(f"  run           {summary.run_id} in {summary.elapsed_seconds:.1f}s", file=out)
+    total = max(summary.total_seconds, summary.elapsed_seconds)
+    print(f"  run           {summary.run_id} in {total:.1f}s ({summary.elapsed_seconds:.1f}s in the stages, the rest "
+          "starting up and reading the run back)", file=out)
+    # A resolver node only looks up artifacts: it is never cached, and doing so again changes nothing.
+    worked = {node for node in summary.stage_seconds if not node.endswith("Resolver")}
+    if worked and set(summary.cached_stages) >= worked:
+        print("  nothing changed: every stage came from the cache of an earlier run (same data, config and code)",
+              file=out)
+    left_out = (summary.data or {}).get("missing_label_rows")
+    if left_out:
+        print(f"  left out      {left_out} row(s) without a label (before the split)", file=out)
     for name in SUMMARY_METRICS:
         if name in m:
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
     for line in _per_class_lines(m, (summary.export.get("task") or {}).get("classes", [])):
         print(line, file=out)
+    classes = (summary.export.get("task") or {}).get("classes", [])
+    for class_id, share in enumerate(summary.export.get("class_shares") or []):
+        precision = m.get(f"precision/classId:{class_id}")
+        if precision is not None and precision < share and class_id < len(classes):
+            print(f"  warning       class {classes[class_id]!r}: eval precision {precision:.4f} is below its share of "
+                  f"the eval rows {share:.4f}, so its answers are worse than guessing it (class weights favour rare "
+                  "classes; see training.class_weights)", file=out)
+    no_skill = summary.export.get("no_skill") or {}
+    if no_skill:
+        kind = (summary.export.get("task") or {}).get("kind", "binary")
+        what = "always the eval mean" if kind == "regression" else "the class shares, never the features"
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in no_skill.items())
+        print(f"  no skill      {shown} ({what}; on the {summary.export.get('eval_rows', '?')} exported eval rows)",
+              file=out)
     pruned = summary.optimization.get("pruned")
     metric = summary.optimization.get("metric", "auc")
     if pruned:
@@ -199,7 +227,11 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
               f"{teacher['parameters']} -> {student['parameters']}", file=out)
     calibration = summary.calibration
-    if calibration:
+    if calibration and calibration.get("applied") is False:
+        threshold = "" if calibration["threshold"] is None else (
+            f"; threshold {calibration['threshold']:.4f} ({calibration['objective']}) on the model's own probabilities")
+        print(f"  calibrated    not applied: {calibration['note']}{threshold}", file=out)
+    elif calibration:
         before, after = calibration["before"], calibration["after"]
         threshold = "" if calibration["threshold"] is None else (
             f", threshold {calibration['threshold']:.4f} ({calibration['objective']})")
@@ -219,7 +251,10 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
         for line in table_lines(summary.export):
             print(f"    {line}", file=out)
-    if summary.published_version is not None:
+    if summary.published_version is not None and not summary.published_new:
+        print(f"  published     nothing new: version {summary.published_version} at {summary.pushed_path} already "
+              "holds this model (an earlier run published it)", file=out)
+    elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
         print(f"                (`mlops versions` lists it; `mlops rollout start --version "
               f"{summary.published_version}` moves traffic to it)", file=out)

@@ -35,6 +35,10 @@ class RunSummary:
     cached_stages: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
+    # From the start of `mlops` to the summary: the stages plus importing TensorFlow, TFX and reading the run back.
+    total_seconds: float = 0.0
+    # Whether the Publisher published a new version in this run (False: cached, or the same model already there).
+    published_new: bool = False
     log_path: str = ""
 
     def to_json(self) -> str:
@@ -102,6 +106,8 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
                 summary.pushed_path = props["pushed_destination"].string_value
                 if "pushed_version" in props:
                     summary.published_version = props["pushed_version"].int_value
+                # Set by this run's Publisher only: a cached one's artifact tells of the run that published.
+                summary.published_new = bool(props["pushed_new"].int_value) if "pushed_new" in props else True
         elif output.type_name == "Model":
             _read_model_reports(summary, artifact.uri)
     summary.task = dict(summary.export.get("task") or {})
@@ -116,6 +122,10 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
             previous_run = earlier.name
             break
     summary.data = read_data(statistics, anomalies, previous, previous_run)
+    left_out = [o.artifact.custom_properties["missing_label_rows"].int_value for o in by_type.get("Examples", [])
+                if o.node == "CsvExampleGen" and "missing_label_rows" in o.artifact.custom_properties]
+    if summary.data and left_out and left_out[0]:
+        summary.data["missing_label_rows"] = left_out[0]
     summary.training.update(read_tuner(by_type.get("HyperParameters", []), by_type.get("TunerResults", [])))
     if summary.published_version is not None and features:
         examples = [o for o in by_type.get("Examples", []) if o.node == "CsvExampleGen"]

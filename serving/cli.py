@@ -103,7 +103,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     predict.add_argument(
         "--drop-unknown-features", action="store_true",
-        help="ignore columns the model does not take (e.g. the label column of evaluation data)",
+        help="ignore keys the model does not take in --json rows (--csv always leaves such columns out, with a note)",
+    )
+    predict.add_argument(
+        "--repository", metavar="DIR",
+        help="the model repository the server serves (default: outputs/serving when it holds the model): --csv "
+             "reads the answering version's data.missing_values and label column from its publication.json",
     )
     predict.set_defaults(handler=predict_command)
 
@@ -195,6 +200,11 @@ def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Even
 
 def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
     """The rows given on the command line: a JSON object or list, or a CSV file with a header."""
+    return read_rows_and_lines(json_rows, csv_path)[0]
+
+
+def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[list[dict], list[int]]:
+    """read_rows, with the CSV line each row starts on (none for --json)."""
     if json_rows is not None:
         try:
             parsed = json.loads(json_rows)
@@ -203,13 +213,15 @@ def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
         rows = [parsed] if isinstance(parsed, dict) else parsed
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ValueError("--json must be a JSON object or a list of objects, one per row.")
-        return rows
+        return rows, []
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"CSV file {path} does not exist.")
-    rows = []
+    rows, lines = [], []
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
+        _ = reader.fieldnames  # reads the header, so that line_num counts it
+        started = reader.line_num + 1
         for row in reader:
             if None in row:  # DictReader files the fields beyond the header under None
                 raise ValueError(
@@ -217,18 +229,82 @@ def read_rows(json_rows: str | None, csv_path: str | None) -> list[dict]:
                     f"but the header names {len(reader.fieldnames)}; fix that row or the header."
                 )
             rows.append(row)
-    return rows
+            # A quoted cell can span lines: the row starts where the previous one ended.
+            lines.append(started)
+            started = reader.line_num + 1
+    return rows, lines
+
+
+def read_request_record(repository: str | None, model: str, version: int) -> dict:
+    """The `request` record of a published version (its data.missing_values and label columns), from
+    publication.json in `repository` (outputs/serving when None and it holds the model); empty when not found."""
+    from serving.model_repository import open_repository
+
+    base = repository or "outputs/serving"
+    if repository is None and not (Path(base) / model).is_dir():
+        return {}
+    try:
+        record = open_repository(base).publication(model, version).get("request")
+    except (OSError, ValueError):
+        return {}
+    return dict(record) if isinstance(record, dict) else {}
+
+
+def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict, request: dict,
+                     ) -> tuple[list[dict], list[str]]:
+    """CSV rows as the model takes them, and notes for the user: columns the model does not take are left out (a
+    label named as such), cells holding the version's missing-value markers become empty, and a value the model
+    cannot take is refused with its line, row and column (ValueError)."""
+    from serving.client import InvalidInputError, convert_value
+
+    notes = []
+    header = list(rows[0]) if rows else []
+    labels = [c for c in header if c in (request.get("label_columns") or [])]
+    others = [c for c in header if c not in inputs and c not in labels]
+    if labels:
+        notes.append(f"left out the label column{'s' * (len(labels) > 1)} {', '.join(labels)} of {path}: the "
+                     "model predicts it")
+    if others:
+        notes.append(f"left out column{'s' * (len(others) > 1)} {', '.join(others)} of {path}: the model does not "
+                     "take them")
+    markers = {str(m).strip() for m in request.get("missing_values") or [] if str(m).strip()}
+    prepared = []
+    for index, (row, line) in enumerate(zip(rows, lines, strict=True)):
+        kept = {name: ("" if str(value).strip() in markers else value) for name, value in row.items()
+                if name in inputs}
+        for name, spec in inputs.items():
+            try:
+                convert_value(kept.get(name), spec.dtype, name)
+            except InvalidInputError:
+                hint = (f"this version reads {', '.join(repr(m) for m in sorted(markers))} as missing"
+                        if markers else "no data.missing_values of this version were found (pass --repository "
+                                        "with the model repository to apply them)")
+                raise ValueError(f"{path} line {line} (row {index + 1}), column {name!r}: {kept[name]!r} is not a "
+                                 f"{spec.dtype} value; fix the cell or leave it empty for missing ({hint}).") from None
+        prepared.append(kept)
+    return prepared, notes
 
 
 def predict_command(args: argparse.Namespace) -> int:
     from serving.client import ServingError, connect, format_prediction
 
     try:
-        rows = read_rows(args.json_rows, args.csv)
+        rows, lines = read_rows_and_lines(args.json_rows, args.csv)
     except ValueError as e:
         return _usage_error(str(e))
     try:
         with connect(rest=args.rest, grpc=args.grpc) as client:
+            if args.csv is not None or not args.drop_unknown_features:
+                metadata = client.metadata(args.model, args.version, args.label, args.timeout)
+                signature = metadata.signatures.get(args.signature_name)
+                inputs = signature.inputs if signature is not None else None
+                if inputs is not None and args.csv is not None:
+                    rows, notes = prepare_csv_rows(rows, lines, args.csv, inputs,
+                                                   read_request_record(args.repository, args.model, metadata.version))
+                    for note in notes:
+                        print(f"note: {note}", file=sys.stderr)
+                elif inputs is not None:
+                    _check_known_keys(rows, inputs)
             predictions = client.predict_outputs(
                 rows, args.model, version=args.version, label=args.label, timeout=args.timeout,
                 signature_name=args.signature_name, drop_unknown_features=args.drop_unknown_features,
@@ -243,6 +319,16 @@ def predict_command(args: argparse.Namespace) -> int:
     for outputs in predictions:
         print(format_prediction(outputs))
     return 0
+
+
+def _check_known_keys(rows: list[dict], inputs: dict) -> None:
+    """--json rows: a key the model does not take is an error that names the flag that leaves it out."""
+    for index, row in enumerate(rows):
+        unknown = sorted(set(row) - set(inputs))
+        if unknown:
+            raise ValueError(f"--json row {index + 1} has keys the model does not take: {', '.join(unknown)}; its "
+                             f"inputs are {', '.join(sorted(inputs))} (drop those keys, or pass "
+                             "--drop-unknown-features).")
 
 
 def _usage_error(message: str) -> int:

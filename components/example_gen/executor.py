@@ -23,6 +23,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from google.protobuf import json_format, struct_pb2
 from tfx.components.example_gen import utils as example_gen_utils
 from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor, _GeneratePartitionKey
@@ -35,20 +36,26 @@ from tfx.types import standard_component_specs
 from tfx.utils import io_utils, proto_utils
 from tfx_bsl.coders import csv_decoder
 
-from components.specs import MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
+from components import artifacts
+from components.specs import LABEL_COLUMN_KEY, MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
 
 # The label fields ExampleGen needs to put a row in its class (pipeline.config.LabelConfig's names).
 STRATIFY_LABEL_FIELDS = ("kind", "column", "threshold", "relative_to", "positive_value")
 # Hashes above every row's: the cut of a split that gets no rows of a class.
 _PAST_LAST_HASH = 1 << 64
+# The exec property through which Executor.Do tells the CSV transform where to count the rows without a label.
+_MISSING_LABEL_PATH = "_missing_label_path"
 
 
-def custom_config(missing_values: list[str], fingerprint: str,
-                  stratify_label: dict[str, Any] | None = None) -> example_gen_pb2.CustomConfig:
-    """ExampleGen's custom_config holding the markers, the label to stratify by (None: a plain hash split) and the
-    fingerprint of this module, for TFX's cache."""
+def custom_config(missing_values: list[str], fingerprint: str, stratify_label: dict[str, Any] | None = None,
+                  label_column: str = "") -> example_gen_pb2.CustomConfig:
+    """ExampleGen's custom_config holding the markers, the label to stratify by (None: a plain hash split), the
+    label's raw column (rows without it are left out; empty: every row is kept) and the fingerprint of this module,
+    for TFX's cache."""
     values = struct_pb2.Struct()
     values.update({MISSING_VALUES_KEY: list(missing_values), "code_fingerprint": fingerprint})
+    if label_column:
+        values.update({LABEL_COLUMN_KEY: label_column})
     if stratify_label is not None:
         values.update({STRATIFY_LABEL_KEY: {key: stratify_label[key] for key in STRATIFY_LABEL_FIELDS}})
     config = example_gen_pb2.CustomConfig()
@@ -77,6 +84,27 @@ def read_missing_values(exec_properties: dict[str, Any]) -> list[str]:
 def read_stratify_label(exec_properties: dict[str, Any]) -> dict[str, Any] | None:
     """The label ExampleGen stratifies its split by; None for a plain hash split."""
     return _custom_values(exec_properties).get(STRATIFY_LABEL_KEY)
+
+
+def read_label_column(exec_properties: dict[str, Any]) -> str:
+    """The label's raw column, whose missing rows ExampleGen leaves out; empty when it keeps every row."""
+    return str(_custom_values(exec_properties).get(LABEL_COLUMN_KEY, ""))
+
+
+def has_value(example: tf.train.Example, name: str) -> bool:
+    """Whether the row holds a value of the column (an empty cell or a missing-value marker is none)."""
+    return _first_value(example, name) is not None
+
+
+def read_missing_label_rows(examples_uri: str) -> int | None:
+    """How many rows ExampleGen left out of the Examples at `examples_uri` for a missing label; None when it
+    recorded nothing (an older run, or no label column to check)."""
+    path = artifacts.join(examples_uri, artifacts.MISSING_LABEL_FILE)
+    return int(artifacts.read_json(path)["rows"]) if artifacts.exists(path) else None
+
+
+def _write_count(count: int, path: str, column: str) -> None:
+    artifacts.write_json(path, {"column": column, "rows": int(count)})
 
 
 def _first_value(example: tf.train.Example, name: str) -> Any:
@@ -173,6 +201,8 @@ class _CsvToExample(beam.PTransform):
     def __init__(self, exec_properties: dict[str, Any], split_pattern: str):
         self._csv_pattern = os.path.join(exec_properties[standard_component_specs.INPUT_BASE_KEY], split_pattern)
         self._markers = frozenset(m.strip().encode() for m in read_missing_values(exec_properties) if m.strip())
+        self._label_column = read_label_column(exec_properties)
+        self._count_path = exec_properties.get(_MISSING_LABEL_PATH, "")
 
     def expand(self, pipeline: beam.Pipeline) -> beam.pvalue.PCollection:
         csv_files = fileio.glob(self._csv_pattern)
@@ -192,12 +222,34 @@ class _CsvToExample(beam.PTransform):
         column_infos = beam.pvalue.AsSingleton(
             parsed | "InferColumnTypes" >> beam.CombineGlobally(
                 csv_decoder.ColumnTypeInferrer(column_names, skip_blank_lines=True)))
-        return parsed | "ToTFExample" >> beam.ParDo(_ParsedCsvToTfExample(), column_infos)
+        examples = parsed | "ToTFExample" >> beam.ParDo(_ParsedCsvToTfExample(), column_infos)
+        if not self._label_column or self._label_column not in column_names:
+            return examples
+        column = self._label_column
+        # A row without a label teaches nothing and cannot be measured; kept, it would be a NaN or -1 label.
+        kept, dropped = examples | "SplitByLabelPresence" >> beam.Partition(
+            lambda example, _: 0 if has_value(example, column) else 1, 2)
+        if self._count_path:
+            _ = (dropped | "CountMissingLabels" >> beam.combiners.Count.Globally()
+                 | "WriteMissingLabelCount" >> beam.Map(_write_count, self._count_path, column))
+        return kept
 
 
 class Executor(BaseExampleGenExecutor):
-    """CsvExampleGen's executor, reading `data.missing_values` as empty cells and splitting by label class with
-    `data.stratify`."""
+    """CsvExampleGen's executor, reading `data.missing_values` as empty cells, leaving out the rows without a label
+    (counted in MISSING_LABEL_FILE) and splitting by label class with `data.stratify`."""
+
+    def Do(self, input_dict: dict[str, list[Any]], output_dict: dict[str, list[Any]],  # noqa: N802  (TFX's name)
+           exec_properties: dict[str, Any]) -> None:
+        (examples,) = output_dict[standard_component_specs.EXAMPLES_KEY]
+        column = read_label_column(exec_properties)
+        if column:
+            exec_properties[_MISSING_LABEL_PATH] = artifacts.join(examples.uri, artifacts.MISSING_LABEL_FILE)
+        super().Do(input_dict, output_dict, exec_properties)
+        dropped = read_missing_label_rows(examples.uri) if column else None
+        if dropped is not None:
+            examples.set_int_custom_property("missing_label_rows", dropped)
+            logging.info("left out %d row(s) without a value of the label column %r", dropped, column)
 
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:  # noqa: N802  (TFX's method name)
         return _CsvToExample

@@ -61,6 +61,7 @@ class Executor(base_executor.BaseExecutor):
             optimization,
             read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
             calibration,
+            {"missing_values": list(layout.data.missing_values), "label_columns": layout.label_columns},
         )
         for line in report.table_lines(result):
             logging.info("%s", line)

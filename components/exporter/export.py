@@ -29,8 +29,15 @@ from components import artifacts
 from components.exporter import convert, report
 from components.exporter.preprocessing import SPEC_FILE, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, Runner, SavedModelRunner, TfjsRunner, TFLiteRunner
-from components.tasks import Task, degradation_gate, describe_figures, max_output_difference, task_metrics
-from pipeline.config import ExportConfig, task_metric
+from components.tasks import (
+    Task,
+    degradation_gate,
+    describe_figures,
+    max_output_difference,
+    no_skill_figures,
+    task_metrics,
+)
+from pipeline.config import ExportConfig, task_metric, tolerance_note
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 
@@ -187,9 +194,15 @@ def verify(
         "task": {**task.describe(), "metric": metric},
         "eval_rows": int(len(data.labels)),
         "reference": {"artifact": "saved_model", **_metrics(reference, data.labels, task.kind)},
+        # Beside the model's figures: what ignoring the features scores on the same rows.
+        "no_skill": no_skill_figures(task.kind, data.labels, len(task.classes)),
         "artifacts": rows,
         "passed": all(r["check"]["passed"] for r in rows),
     }
+    if task.kind == "multiclass" and len(data.labels):
+        # A class whose precision is below its share is answered worse than by guessing it: the console warns.
+        counts = np.bincount(np.asarray(data.labels, dtype=np.int64).reshape(-1), minlength=len(task.classes))
+        result["class_shares"] = [float(c) for c in counts / counts.sum()]
     if task.kind == "regression" and len(data.labels):
         # The run report draws predicted against actual from these rows (TFMA has no such plot for a regression).
         picked = np.unique(np.linspace(0, len(data.labels) - 1, min(PREDICTED_ACTUAL_ROWS, len(data.labels))
@@ -219,13 +232,20 @@ def _verify_artifact(
 
 
 def gate_message(result: dict[str, Any]) -> str:
-    failures = []
+    failures, keys = [], set()
     for row in result["artifacts"]:
         check = row["check"]
         if not check["passed"]:
             failures.append(f"{row['artifact']}: {check['figure']} {check['value']:.6g} is above the threshold "
                             f"{check['threshold']:g} ({check['config_key']})")
-    return "; ".join(failures)
+            keys.add(check["config_key"])
+    message = "; ".join(failures)
+    if "export.max_quantized_degradation" in keys:
+        task = result.get("task") or {}
+        kind = task.get("kind", "binary")
+        message += (" (" + tolerance_note("export.max_quantized_degradation", kind, task.get("metric", "auto"),
+                                          task.get("label_std")) + ")")
+    return message
 
 
 def export_and_verify(
@@ -238,10 +258,13 @@ def export_and_verify(
     optimization: dict[str, Any] | None = None,
     metric: str = "auto",
     calibration: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
     beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants;
-    `calibration` (the model's calibration record, with its decision threshold) goes into the report as it is.
+    `calibration` (the model's calibration record, with its decision threshold) and `request` (how the training
+    CSV encodes a row: its missing-value markers and label columns, for `mlops predict --csv`) go into the report
+    as they are.
     Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
@@ -249,6 +272,7 @@ def export_and_verify(
         result = verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric)
         result["optimization"] = optimization or {}
         result["calibration"] = calibration or {}
+        result["request"] = request or {}
         result["seconds"] = round(time.perf_counter() - started, 1)
         report.write(result, staging)
         artifacts.copy_tree(staging, output_dir)

@@ -126,7 +126,7 @@ def run_optimizer(
     try:
         result = optimize(model, dataset(train_uri, repeat=True), dataset(eval_uri, repeat=False), options,
                           build_student, seed=seed, class_weight=weights, kind=task.kind, metric=metric,
-                          loss=task_loss(task))
+                          loss=task_loss(task), label_std=task.label_std if task.kind == "regression" else None)
     except OptimizationGateError as e:
         # The run stops here; the figures stay where the message's reader can look them up.
         _write_report(output_uri, e.report)

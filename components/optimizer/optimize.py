@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import tensorflow_model_optimization as tfmot
 from absl import logging
 
 from components.tasks import describe_figures, task_metrics
-from pipeline.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric
+from pipeline.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric, tolerance_note
 
 # Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
 _PROB_EPSILON = 1e-7
@@ -274,9 +275,11 @@ def optimize(
     kind: str = "binary",
     metric: str = "auto",
     loss: tf.keras.losses.Loss | None = None,
+    label_std: float | None = None,
 ) -> OptimizationResult:
     """Distils (when options.distill.enabled), then prunes (when options.prune) the trained `model` of the task
-    `kind`, whose `loss` fine-tuning minimises and whose `metric` (evaluation.metric) the gate watches.
+    `kind`, whose `loss` fine-tuning minimises and whose `metric` (evaluation.metric) the gate watches; a
+    regression's `label_std` goes into the gate's message.
 
     `options` is the config's optimize section; `train` repeats, `evaluation` is finite. With nothing enabled the
     same model object comes back. Raises OptimizationGateError when pruning worsens the eval metric by more than
@@ -335,11 +338,18 @@ def optimize(
                      report[current_stage]["gzip_bytes"], stats["gzip_bytes"])
         if not passed:
             report["summary"] = _summary(report, "input", "pruned")
+            if not (math.isfinite(before) and math.isfinite(stats[metric])):
+                # No tolerance passes a NaN: naming the limit would send the user to a dead end.
+                raise OptimizationGateError(
+                    f"the eval {metric} is {before} before pruning and {stats[metric]} after, so no tolerance can "
+                    "pass: the model or the eval rows hold a value that is not a number (a missing label, a NaN "
+                    "training loss); check the label column and the Trainer's log.", report)
             raise OptimizationGateError(
                 f"pruning to {options.target_sparsity:.0%} sparsity worsened the eval {metric} by "
                 f"{stats['degradation']:.4f} ({before:.4f} to {stats[metric]:.4f}), more than "
                 f"optimize.max_degradation={options.max_degradation}; allow more with optimize.max_degradation "
-                "or fine-tune longer with optimize.fine_tune_steps.",
+                "or fine-tune longer with optimize.fine_tune_steps ("
+                f"{tolerance_note('optimize.max_degradation', kind, metric, label_std)}).",
                 report,
             )
         current, current_stage = pruned, "pruned"

@@ -34,3 +34,4 @@ class Executor(base_executor.BaseExecutor):
         pushed.set_int_custom_property("pushed", 1)
         pushed.set_string_custom_property("pushed_destination", published.path)
         pushed.set_int_custom_property("pushed_version", published.version)
+        pushed.set_int_custom_property("pushed_new", int(published.new))

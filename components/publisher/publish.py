@@ -133,6 +133,10 @@ def publish_model(
     if calibration is not None:
         # A client turns a probability into a decision with the threshold chosen for this version.
         record = {**record, "calibration": calibration}
+    request = (_export_report(source_dir) or {}).get("request")
+    if request:
+        # `mlops predict --csv` reads rows as the training CSV was read: its markers, without its label.
+        record = {**record, "request": request}
     repository = open_repository(serving_base_dir)
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:

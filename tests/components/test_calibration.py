@@ -216,3 +216,61 @@ def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
     assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
     for key in ("precision", "recall"):
         assert record["after"][key] == pytest.approx(record["before"][key]), "temperature keeps every argmax"
+
+
+def shifted_rows(n=4000, seed=0):
+    """Rows whose label follows a rule with a lower base rate than rows(): a fit there misleads on rows()."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.normal(size=(n, 1)).astype(np.float32), rng.normal(size=(n, 1)).astype(np.float32)
+    labels = (rng.random(n) < sigmoid(1.5 * x[:, 0] - 2.5)).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices(({"x": x, "w": w}, labels)).batch(500)
+
+
+def test_a_fit_that_worsens_the_measured_calibration_is_not_applied():
+    model = keras_classifier()
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    model.fit(rows(seed=1), epochs=3, verbose=0)
+    calibrated, record = calibrate(model, shifted_rows(seed=2), rows(seed=3), "platt", CalibrationConfig(),
+                                   "fit rows", "measure rows")
+    assert record["applied"] is False
+    assert abs(record["rejected"]["after"] - 1) > abs(record["rejected"]["before"] - 1)
+    assert record["note"].startswith("platt scaling moved the eval calibration from ")
+    assert record["note"].endswith("further from 1, so it is not applied")
+    assert record["after"]["calibration"] == pytest.approx(record["before"]["calibration"])
+    assert 0.0 < record["threshold"] < 1.0, "the threshold is still chosen, on the model's own probabilities"
+    features = next(iter(rows(seed=3).unbatch().batch(4000)))[0]
+    np.testing.assert_allclose(calibrated(features).numpy(), model(features).numpy(), atol=1e-6)
+    _, kept = calibrate(model, rows(seed=2), rows(seed=3), "platt", CalibrationConfig(), "fit rows", "measure rows")
+    assert kept["applied"] is True
+
+
+def test_expected_calibration_error_over_equal_mass_bins():
+    from components.calibration import expected_calibration_error
+
+    # Each probability means the frequency of its bin: no error.
+    confidence = np.repeat([0.1, 0.5, 0.9], 10)
+    outcome = np.concatenate([[1] + [0] * 9, [1] * 5 + [0] * 5, [1] * 9 + [0]])
+    assert expected_calibration_error(confidence, outcome, bins=3) == pytest.approx(0.0)
+    # Over-confident by 0.3 everywhere.
+    assert expected_calibration_error(np.full(20, 0.9), np.array([1] * 12 + [0] * 8)) == pytest.approx(0.3)
+    assert np.isnan(expected_calibration_error(np.array([]), np.array([])))
+    figures = binary_figures(np.full(20, 0.9), np.array([1] * 12 + [0] * 8), 0.5)
+    assert figures["ece"] == pytest.approx(0.3)
+
+
+def test_the_record_holds_a_reliability_diagram_before_and_after():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 3.0, (3000, 3))
+    labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
+    record = calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
+                                labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
+    for key in ("before", "after"):
+        points = record["reliability"][key]
+        assert len(points) == 10 and sum(rows for _, _, rows in points) == 1500
+        assert all(0 <= confidence <= 1 and 0 <= right <= 1 for confidence, right, _ in points)
+    # Over-confident before (each bin right less often than it claims), close to the diagonal after.
+    gap = {key: np.mean([c - r for c, r, _ in record["reliability"][key]]) for key in ("before", "after")}
+    assert gap["before"] > 0.05 and abs(gap["after"]) < gap["before"]
+    from pipeline.report_page import _calibration
+
+    assert "data-chart='reliability'" in _calibration({"calibration": record})

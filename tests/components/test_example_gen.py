@@ -13,6 +13,8 @@ from components.example_gen.executor import (
     blank_markers,
     custom_config,
     label_class,
+    read_label_column,
+    read_missing_label_rows,
     read_missing_values,
     read_stratify_label,
     split_cuts,
@@ -201,3 +203,25 @@ def test_without_a_stratify_label_the_split_is_tfxs_hash_split(tmp_path):
     split_config = example_gen_pb2.SplitConfig()
     for index, name in enumerate(("train", "eval", "calibration")):
         assert all(_PartitionFn(e, 3, [4, 5, 6], split_config) == index for e in splits[name]), name
+
+
+def test_rows_without_a_label_are_left_out_and_counted(tmp_path):
+    # A numeric label with gaps: an NA marker and an empty cell.
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "data.csv").write_text("x,grams\n1,3500\n2,NA\n3,\n4,4100\n5,3900\n")
+    config = json_format.MessageToJson(custom_config(["NA"], "x", None, "grams"))
+    assert read_label_column({standard_component_specs.CUSTOM_CONFIG_KEY: config}) == "grams"
+    count = tmp_path / "out" / "count.json"
+    count.parent.mkdir()
+    properties = {standard_component_specs.INPUT_BASE_KEY: str(tmp_path / "in"),
+                  standard_component_specs.CUSTOM_CONFIG_KEY: config, "_missing_label_path": str(count)}
+    with beam.Pipeline() as pipeline:
+        _ = (pipeline | _CsvToExample(properties, "*.csv") | beam.Map(lambda e: e.SerializeToString())
+             | beam.io.WriteToTFRecord(str(tmp_path / "examples"), shard_name_template=""))
+    kept = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(tmp_path / "examples"))]
+    assert sorted(e.features.feature["x"].int64_list.value[0] for e in kept) == [1, 4, 5]
+    assert read_missing_label_rows(str(count.parent)) is None, "read from the artifact's own file name"
+    count.rename(count.parent / "missing_label_rows.json")
+    assert read_missing_label_rows(str(count.parent)) == 2
+    assert read_label_column({standard_component_specs.CUSTOM_CONFIG_KEY: json_format.MessageToJson(
+        custom_config([], "x"))}) == "", "no label column: every row is kept"

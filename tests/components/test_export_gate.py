@@ -214,8 +214,15 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
     ]}
     assert gate_message(result) == (
         "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
-        "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation)"
+        "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation) "
+        "(optimize.max_degradation and evaluation.max_degradation limit the same eval auc in the same units, so "
+        "raise them alike)"
     )
+    result["task"] = {"kind": "regression", "metric": "rmse"}
+    result["artifacts"][2]["check"].update(figure="rmse_degradation", value=30.0)
+    message = gate_message(result)
+    assert "optimize.max_degradation and evaluation.max_degradation limit the same eval rmse" in message
+    assert "a regression's rmse is in the label's units, and 2.5% of that spread is a usual tolerance" in message
 
 
 @pytest.mark.parametrize("onnx_diff, passes", [(0.9 * MAX_ABS_DIFF, True), (1.1 * MAX_ABS_DIFF, False)])

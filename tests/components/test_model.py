@@ -9,11 +9,14 @@ import tensorflow as tf
 from components.features import FeatureLayout
 from components.model import (
     MAX_CATEGORY_IDS,
+    FiniteLossCheck,
+    NonFiniteLoss,
     apply_hyperparameters,
     build_model,
     categorical_cardinalities,
     class_weights,
 )
+from components.tasks import Task
 from components.transform import CONSTANTS_VOCABULARY
 from pipeline.config import TrainingConfig
 
@@ -101,6 +104,18 @@ def test_trains_a_few_steps(changes):
     assert after < before
     probabilities = model.predict(features, verbose=0)
     assert probabilities.shape == (64, 1) and ((probabilities >= 0) & (probabilities <= 1)).all()
+
+
+def test_a_nan_loss_stops_training_with_one_sentence_naming_the_cause():
+    # A regression label with a gap, as the Transform made it before ExampleGen left such rows out: NaN.
+    task = Task("regression", label_mean=0.0, label_std=1.0)
+    model = build_model(NUMERIC, CARDINALITIES, training(), task)
+    features, _ = random_batch(16)
+    labels = np.arange(16, dtype="float32")
+    labels[3] = np.nan
+    with pytest.raises(NonFiniteLoss, match=r"training loss is nan after epoch 1.*missing or infinite label") as e:
+        model.fit(features, labels, epochs=3, batch_size=8, verbose=0, callbacks=[FiniteLossCheck(task)])
+    assert str(e.value).count(". ") == 0 and str(e.value).endswith(".")
 
 
 def test_class_weights_balance_the_classes():

@@ -209,8 +209,27 @@ def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
         f"pruning to 75% sparsity worsened the eval auc by {report['pruned']['degradation']:.4f} "
         f"({report['input']['auc']:.4f} to {report['pruned']['auc']:.4f}), more than "
         f"optimize.max_degradation={drop - 1e-4}; allow more with optimize.max_degradation or fine-tune longer "
-        "with optimize.fine_tune_steps."
+        "with optimize.fine_tune_steps (export.max_quantized_degradation and evaluation.max_degradation limit the "
+        "same eval auc in the same units, so raise them alike)."
     )
+
+
+def test_a_nan_metric_fails_the_gate_with_its_cause_not_a_tolerance_to_raise():
+    from components.tasks import Task
+
+    task = Task("regression", label_mean=0.0, label_std=1.0)
+    model = build_model(NUMERIC, CARDINALITIES, training(hidden_units=[4]), task)
+    features, _ = synthetic(64, seed=2)
+    values = np.arange(64, dtype=np.float32)
+    values[5] = np.nan  # a missing regression label, as the Transform made it before ExampleGen left such rows out
+    train = tf.data.Dataset.from_tensor_slices((features, np.arange(64, dtype=np.float32))).repeat().batch(16)
+    evaluation = tf.data.Dataset.from_tensor_slices((features, values)).batch(32)
+    with pytest.raises(OptimizationGateError) as caught:
+        optimize(model, train, evaluation, options(fine_tune_steps=4, max_degradation=1000.0), build_student,
+                 seed=SEED, kind="regression", loss=tf.keras.losses.MeanSquaredError(), label_std=1.0)
+    message = str(caught.value)
+    assert message.startswith("the eval rmse is nan before pruning and nan after, so no tolerance can pass")
+    assert "max_degradation" not in message and "missing label" in message
 
 
 # --- The executor on a real transform graph (TFT's Beam analysis of a few rows) and gzipped TFRecords. ---
@@ -387,7 +406,7 @@ def test_executor_calibrates_on_the_calibration_split_and_serves_the_calibrated_
     assert record["before"]["calibration"] > 1.2
     assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.08)
     assert record["after"]["auc"] == pytest.approx(record["before"]["auc"], abs=1e-6)
-    assert record["after"]["precision"] >= 0.85 and set(record["after"]) == {"calibration", "auc", "precision",
+    assert record["after"]["precision"] >= 0.85 and set(record["after"]) == {"calibration", "ece", "auc", "precision",
                                                                             "recall"}
 
     raw, transformed = artifacts["eval"]

@@ -80,6 +80,15 @@ def test_a_calibrated_model_publishes_its_decision_threshold(tmp_path):
     assert version_rows(str(base), "taxi")[0]["threshold"] == 0.4123
 
 
+def test_a_version_publishes_how_its_rows_are_read(tmp_path):
+    # `mlops predict --csv` reads the training file as ExampleGen did: these markers, without this label.
+    export = save_tiny_model(tmp_path / "model", 1.5)
+    request = {"missing_values": ["NA"], "label_columns": ["body_mass_g"]}
+    (export / "export_report.json").write_text(json.dumps({"passed": True, "request": request}))
+    publish_model(str(export), str(tmp_path / "serving"), "penguins", {"blessed": True})
+    assert ModelRepository(tmp_path / "serving").publication("penguins", 1)["request"] == request
+
+
 def test_an_uncalibrated_model_publishes_no_threshold(tmp_path, exports):
     base = tmp_path / "serving"
     publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})

@@ -18,6 +18,7 @@ from components.tasks import (
     degradation,
     degradation_gate,
     max_output_difference,
+    no_skill_figures,
     task_metrics,
 )
 from pipeline.config import DEFAULT_CONFIG, TASK_METRICS, ConfigError, ExportConfig, load_config, task_metric
@@ -104,6 +105,30 @@ def test_blessing_at_the_bound_and_the_change_threshold(name, overrides, bound, 
     assert not validate(config, worse_than_bound, sign * (allowed - STEP))
     # A large improvement over the baseline passes: a threshold the wrong way round would refuse it.
     assert validate(config, better_than_bound, -sign * 10 * allowed)
+
+
+def _verdict(config, figures: dict[str, float]) -> bool:
+    """TFMA's verdict on a first model (no baseline) with these overall figures (TFMA metric names)."""
+    evaluation_config = config_util.update_eval_config_with_defaults(eval_config(config), has_baseline=False)
+    thresholds = metric_specs.metric_thresholds_from_metrics_specs(evaluation_config.metrics_specs,
+                                                                   eval_config=evaluation_config)
+    candidate = {key: figures[key.name] for key in thresholds if not key.is_diff}
+    assert {key.name for key in candidate} == set(figures)
+    return metrics_validator.validate_metrics(((), candidate), evaluation_config).validation_ok
+
+
+def test_a_multiclass_model_no_better_than_the_majority_class_is_not_blessed():
+    # Five classes, the most common 49% of the rows: `mlops init` writes min_accuracy 0.541 beside the AUC bound.
+    config = example_config("iris", "evaluation.baseline=none", "evaluation.lower_bound=0.6",
+                            "evaluation.min_accuracy=0.541")
+    assert not _verdict(config, {"macro_auc": 0.85, "accuracy": 0.52}), "a good AUC does not bless a weak model"
+    assert _verdict(config, {"macro_auc": 0.85, "accuracy": 0.55})
+    assert not _verdict(config, {"macro_auc": 0.55, "accuracy": 0.9})
+    both = example_config("iris", "evaluation.baseline=none", "evaluation.metric=accuracy",
+                          "evaluation.lower_bound=0.5", "evaluation.min_accuracy=0.541")
+    assert not _verdict(both, {"accuracy": 0.53}), "the higher of the two bounds holds"
+    with pytest.raises(ConfigError, match=r"evaluation.min_accuracy \(0.5\) bounds a classifier's accuracy"):
+        example_config("diabetes", "evaluation.min_accuracy=0.5")
 
 
 def test_without_a_baseline_only_the_bound_blesses():
@@ -306,3 +331,18 @@ def test_regression_figures_of_constant_labels_and_of_weighted_rows():
     assert all(np.isnan(v) for v in RegressionStats().metrics().values())
     empty = MulticlassStats().metrics()
     assert np.isnan(empty["accuracy"]) and empty["precision"] == [] and empty["recall"] == []
+
+
+def test_no_skill_figures_are_what_ignoring_the_features_scores():
+    binary = no_skill_figures("binary", np.array([1, 0, 0, 0]))
+    assert binary["auc"] == 0.5 and binary["accuracy"] == 0.75
+    assert binary["log_loss"] == pytest.approx(log_loss([1, 0, 0, 0], [0.25] * 4))
+    labels = np.array([0] * 49 + [1] * 30 + [2] * 21)
+    multiclass = no_skill_figures("multiclass", labels, classes=3)
+    assert multiclass["accuracy"] == pytest.approx(0.49)
+    assert multiclass["log_loss"] == pytest.approx(log_loss(labels, np.tile([0.49, 0.30, 0.21], (100, 1))))
+    values = np.array([1.0, 2.0, 3.0, 6.0])
+    regression = no_skill_figures("regression", values)
+    assert regression["rmse"] == pytest.approx(np.sqrt(np.mean((values - 3.0) ** 2))) and regression["r2"] == 0.0
+    assert regression["mae"] == pytest.approx(1.5)
+    assert no_skill_figures("binary", np.array([])) == {}

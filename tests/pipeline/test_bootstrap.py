@@ -10,8 +10,17 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline import cli
-from pipeline.bootstrap import _percent, blessing_bound, infer_label, place_features, propose_markers
-from pipeline.config import load_config
+from pipeline.bootstrap import (
+    _percent,
+    blessing_bound,
+    infer_label,
+    place_features,
+    propose_junk_markers,
+    propose_markers,
+    read_as_markers,
+    regression_tolerances,
+)
+from pipeline.config import TOLERANCE_KEYS, load_config, tolerance_note
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
 HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
@@ -139,7 +148,7 @@ def _profile(values: dict[str, int], empty: int = 0) -> ColumnProfile:
 def test_the_task_kind_follows_the_label_column(values, schema_type, kind, keys):
     choice = infer_label(_profile(values, empty=1), schema_type, [])
     assert (choice.kind, choice.keys) == (kind, keys)
-    assert kind in choice.reason and "y is missing in 1 row" in choice.reason
+    assert kind in choice.reason and "y is missing in 1 row, which `mlops run` leaves out" in choice.reason
 
 
 def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
@@ -149,6 +158,10 @@ def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
     label.num_stats.std_dev = 54.321987
     bounds, reason = blessing_bound("regression", label)
     assert bounds == {"upper_bound": 54.32} and "standard deviation" in reason
+    # Five classes, the most common on 49% of the rows: accuracy must close a tenth of the gap to 1.
+    bounds, reason = blessing_bound("multiclass", None, Counter({"a": 49, "b": 20, "c": 15, "d": 10, "e": 6}))
+    assert bounds == {"lower_bound": 0.6, "min_accuracy": 0.541}
+    assert "always answering 'a' scores 0.4900" in reason
 
 
 def test_a_few_gaps_in_many_rows_do_not_read_as_none():
@@ -170,3 +183,81 @@ def test_small_integer_codes_are_ids_when_dense_and_a_vocabulary_otherwise(codes
     (placement,) = place_features(["code"], "label", {"code": profile}, [], {"code": schema_pb2.INT},
                                   statistics_pb2.DatasetFeatureStatistics())
     assert placement.group == group
+
+
+def write_penguins(folder: Path, rows: int = 240) -> Path:
+    """A numeric label with gaps (body_mass_g: 'NA' and an empty cell) and a numeric column with junk cells
+    (bill_depth_mm: 'unknown' and 'n.d.' among the numbers)."""
+    rng = random.Random(3)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "penguins.csv", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["species", "island", "bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"])
+        for i in range(rows):
+            species = rng.choice(["Adelie", "Gentoo", "Chinstrap"])
+            flipper = rng.randint(172, 231)
+            mass = str(int(flipper * 45 - 4800 + rng.gauss(0, 300)))
+            mass = "NA" if i in (5, 77) else "" if i == 130 else mass
+            depth = "unknown" if i % 20 == 3 else "n.d." if i % 40 == 9 else f"{rng.uniform(13, 21):.1f}"
+            length = "NA" if i % 50 == 7 else f"{rng.uniform(32, 59):.1f}"
+            writer.writerow([species, rng.choice(["Biscoe", "Dream", "Torgersen"]), length, depth, flipper, mass])
+    return folder
+
+
+def test_init_on_a_numeric_label_with_gaps_and_a_junk_celled_column(tmp_path, capsys):
+    data = write_penguins(tmp_path / "penguins")
+    out = tmp_path / "project"
+    assert cli.main(["init", "--data", str(data), "--label", "body_mass_g", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # 1. The rows without a label are left out: init says so, and its statistics count the rows that remain.
+    assert "body_mass_g is missing in 3 rows, which `mlops run` leaves out" in printed
+    counts = [int(n.replace(",", "")) for n in
+              printed.split("the schema accepts the data it came from (")[1].split(")")[0].split()[1::3]]
+    assert sum(counts) == 237, printed
+    schema = text_format.Parse((out / "penguins_schema.pbtxt").read_text(), schema_pb2.Schema())
+    mass = next(f for f in schema.feature if f.name == "body_mass_g")
+    assert mass.presence.min_fraction == 1.0 and mass.HasField("shape"), "the label is required in every row"
+    # 3. The junk cells: the column, its non-numbers with their counts and first line, proposed as markers.
+    assert ("column 'bill_depth_mm' holds numbers in 222 of 240 filled cells; the others are 'unknown' (12 cells, "
+            "first at penguins.csv line 5), 'n.d.' (6 cells, first at penguins.csv line 11): proposed as "
+            "missing-value markers, so the column stays numeric") in printed
+    config = load_config(out / "penguins.yaml")
+    assert config.data.missing_values == ["NA", "unknown", "n.d."]
+    assert "bill_depth_mm" in config.data.numeric_features + config.data.bucket_features
+    assert (mass.type, config.label.kind) == (schema_pb2.INT, "regression")
+    # 2. Every tolerance on the eval RMSE is in the label's units: a share of its standard deviation.
+    std = config.evaluation.upper_bound
+    tolerance = config.optimize.max_degradation
+    assert tolerance == config.export.max_quantized_degradation == config.evaluation.max_degradation
+    assert tolerance == pytest.approx(0.025 * std, rel=0.01) and tolerance > 1, "grams, not 0.01"
+    assert "tolerances: optimize.max_degradation, export.max_quantized_degradation, evaluation.max_degradation" \
+        in printed
+
+
+def test_junk_markers_are_not_proposed_where_they_are_values_or_too_many(tmp_path):
+    rows = ["x,y,z,note"] + [f"{i},{i}.5,{i},ok" for i in range(30)]
+    rows += ["?x,-,a1,fine", "?x,tbd,b2,tbd", "1,2,c3,ok", "2,3,d4,ok", "3,4,e5,ok", "4,5,f6,ok", "5,6,g7,ok"]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    profiles = profile_columns([tmp_path / "d.csv"], COMMON_MISSING_MARKERS)
+    proposed, notes = propose_junk_markers(profiles)
+    assert proposed == ["?x"], "x's junk is proposed; y's 'tbd' is a value of the string column note"
+    assert notes[0].startswith("column 'x' holds numbers in 35 of 37 filled cells; the others are '?x' (2 cells")
+    assert "'tbd' (1 cell, first at d.csv line 33): not proposed, as it is a value of the string column note" \
+        in notes[1]
+    assert "z" in notes[2] and "not proposed, as so many different values are no missing-value marker" in notes[2]
+    read_as_markers(profiles, proposed)
+    assert profiles["x"].markers["?x"] == 2 and profiles["x"].types["string"] == 0
+
+
+def test_tolerance_messages_name_every_key_and_init_scales_them_for_a_regression():
+    for key in TOLERANCE_KEYS:
+        note = tolerance_note(key, "binary")
+        assert all(other in note for other in TOLERANCE_KEYS if other != key) and key not in note
+    assert "standard deviation is 812.3" in tolerance_note(TOLERANCE_KEYS[0], "regression", "auto", 812.3)
+    label = statistics_pb2.FeatureNameStatistics(name="y")
+    label.num_stats.std_dev = 812.3
+    sections, reason = regression_tolerances("regression", label)
+    assert sections == {"optimize": {"max_degradation": 20.3}, "export": {"max_quantized_degradation": 20.3},
+                        "evaluation": {"max_degradation": 20.3}}
+    assert "2.5% of the label's standard deviation 812.3" in reason
+    assert regression_tolerances("binary", label) == ({}, "")

@@ -83,3 +83,80 @@ def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path)
     page = run_page(summary.__dict__)
     loss = page[page.index("data-chart='loss'"):page.index("</svg>", page.index("data-chart='loss'"))]
     assert ">3</text>" in loss and ">4</text>" in loss and ">1</text>" not in loss
+
+
+def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report():
+    import dataclasses
+    import io
+
+    from pipeline.report_page import _data
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    summary = RunSummary(run_id="r", data={"rows": {"train": 8, "eval": 2}, "features": {},
+                                           "missing_label_rows": 2})
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    assert "  left out      2 row(s) without a label (before the split)" in out.getvalue()
+    assert "2 row(s) without a label were left out before the split." in _data(dataclasses.asdict(summary))
+
+
+def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model():
+    import io
+
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    stages = {"CsvExampleGen": 0.1, "Trainer": 0.1, "Publisher": 0.1}
+    summary = RunSummary(run_id="r", stage_seconds={**stages, "BaselineModelResolver": 0.0},
+                         cached_stages=list(stages), published_version=1,
+                         pushed_path="/o/serving/m/1", published_new=False, blessed=True, elapsed_seconds=2.5,
+                         total_seconds=31.0)
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    printed = out.getvalue()
+    assert "  run           r in 31.0s (2.5s in the stages, the rest starting up and reading the run back)" in printed
+    assert "  nothing changed: every stage came from the cache of an earlier run" in printed
+    assert ("  published     nothing new: version 1 at /o/serving/m/1 already holds this model (an earlier run "
+            "published it)") in printed
+    fresh = RunSummary(run_id="r", stage_seconds=stages, cached_stages=["CsvExampleGen"], published_version=2,
+                       pushed_path="/o/serving/m/2", published_new=True, blessed=True,
+                       metrics={"precision/classId:0": 0.95, "precision/classId:1": 0.075},
+                       export={"task": {"kind": "multiclass", "classes": ["a", "b"]}, "eval_rows": 100,
+                               "artifacts": [], "class_shares": [0.88, 0.12],
+                               "no_skill": {"macro_auc": 0.5, "accuracy": 0.49, "log_loss": 1.0297}})
+    out = io.StringIO()
+    _print_summary(fresh, "s.json", "s.html", out)
+    assert "nothing changed" not in out.getvalue() and "  published     version 2 at /o/serving/m/2" in out.getvalue()
+    assert ("  no skill      macro_auc 0.5000, accuracy 0.4900, log_loss 1.0297 (the class shares, never the "
+            "features; on the 100 exported eval rows)") in out.getvalue()
+    warnings = [line for line in out.getvalue().splitlines() if line.startswith("  warning")]
+    assert warnings == ["  warning       class 'b': eval precision 0.0750 is below its share of the eval rows 0.1200, "
+                        "so its answers are worse than guessing it (class weights favour rare classes; see "
+                        "training.class_weights)"]
+
+
+def test_a_calibration_that_was_not_applied_says_so_on_the_console():
+    import io
+
+    from pipeline.runner import _print_summary
+    from pipeline.summary import RunSummary
+
+    note = "temperature scaling moved the eval calibration from 1.0200 to 0.9200, further from 1, so it is not applied"
+    summary = RunSummary(run_id="r", calibration={"applied": False, "note": note, "threshold": None,
+                                                  "method": "temperature"})
+    out = io.StringIO()
+    _print_summary(summary, "s.json", "s.html", out)
+    assert f"  calibrated    not applied: {note}\n" in out.getvalue()
+    from pipeline.report_page import _calibration
+
+    assert f"Not applied: {note}; both columns are the model as trained." in _calibration(
+        {"calibration": summary.calibration})
+
+
+def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():
+    from pipeline.report_page import _baseline
+
+    cached = _baseline({"blessed": True, "cached_stages": ["Evaluator"]}, "auc")
+    assert "served from the cache: this is the verdict and the comparison of the earlier run" in cached
+    assert "served from the cache" not in _baseline({"blessed": True, "cached_stages": []}, "auc")

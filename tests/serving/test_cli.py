@@ -175,3 +175,40 @@ def test_serve_and_predict_prints_a_rest_and_a_grpc_prediction(repository, capsy
 def test_serve_and_predict_without_a_pushed_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the pipeline first"):
         serve_and_predict(str(tmp_path), MODEL, ROW)
+
+
+def test_predict_csv_on_a_training_file_applies_the_versions_markers_and_drops_its_label(server, repository,
+                                                                                          tmp_path, capsys):
+    # The version's own publication.json, as the Publisher writes it from the export report.
+    (Path(repository.version_dir(MODEL, 1)) / "publication.json").write_text(json.dumps(
+        {"request": {"missing_values": ["NA", "n.d."], "label_columns": ["tips"]}}))
+    csv_file = tmp_path / "train.csv"
+    csv_file.write_text("fare,trip_start_hour,payment_type,trip_id,tips\n2.5,7,Cash,a1,0.0\nNA,n.d.,NA,a2,1.5\n")
+    flags = ["--model", MODEL, "--version", "1", "--csv", str(csv_file), "--repository", str(repository.base_dir)]
+    assert mlops("predict", "--rest", server.rest_url, *flags) == 0
+    captured = capsys.readouterr()
+    # 'NA' in payment_type is a string cell: read as missing too, as ExampleGen read the training file.
+    assert captured.out.split() == [f"{expected_probability(ROW, 1):.6f}", f"{expected_probability({}, 1):.6f}"]
+    assert captured.err.splitlines() == [
+        f"note: left out the label column tips of {csv_file}: the model predicts it",
+        f"note: left out column trip_id of {csv_file}: the model does not take them",
+    ]
+    csv_file.write_text('fare,trip_start_hour,payment_type,tips\n2.5,7,"Cash\nor card",0.0\n3.0,unknown,Cash,1\n')
+    assert mlops("predict", "--grpc", server.grpc_target, *flags) == 2
+    message = capsys.readouterr().err.splitlines()[-1]
+    assert message == (f"error: {csv_file} line 4 (row 2), column 'trip_start_hour': 'unknown' is not a DT_INT64 "
+                       "value; fix the cell or leave it empty for missing (this version reads 'NA', 'n.d.' as "
+                       "missing).")
+    csv_file.write_text("fare,trip_start_hour,payment_type\n2.5,seven,Cash\n")
+    assert mlops("predict", "--rest", server.rest_url, *flags) == 2
+    assert f"error: {csv_file} line 2 (row 1), column 'trip_start_hour'" in capsys.readouterr().err
+
+
+def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, capsys):
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json",
+                 json.dumps({**ROW, "tips": 1.0})) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --json row 1 has keys the model does not take: tips; its inputs are fare, payment_type, "
+        "trip_start_hour (drop those keys, or pass --drop-unknown-features).")
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json", json.dumps({**ROW, "tips": 1.0}),
+                 "--drop-unknown-features") == 0

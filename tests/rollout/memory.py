@@ -128,6 +128,8 @@ class ScriptedClient:
         self.calls = 0
         self.latency_ms = latency_ms
         self.clock = clock
+        # (model, version, keyword arguments) of every call.
+        self.requests: list[tuple[str, int | None, dict[str, Any]]] = []
 
     def __enter__(self):
         return self
@@ -138,8 +140,9 @@ class ScriptedClient:
     def close(self) -> None:
         pass
 
-    def predict_outputs(self, rows, model: str, version: int | None = None, **_: Any) -> list[dict]:
+    def predict_outputs(self, rows, model: str, version: int | None = None, **options: Any) -> list[dict]:
         self.calls += 1
+        self.requests.append((model, version, options))
         if self.clock is not None:
             self.clock[0] += self.latency_ms / 1000.0
         if self.error is not None:

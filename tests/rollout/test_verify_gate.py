@@ -77,6 +77,22 @@ def test_golden_rows_agreeing_within_the_limit_pass_and_one_row_beyond_it_fails(
     assert "disagrees with stable 1" in figures["error"] and "0.010100 > rollout.max_abs_diff 0.01" in figures["error"]
 
 
+def test_golden_asks_the_stable_and_candidate_versions_for_every_row(tmp_path):
+    verifier, per_server, _ = build(tmp_path)
+    figures = verifier.golden(1, 2)
+    assert figures == {"rows": 5, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0}
+    options = {"timeout": 1.0, "drop_unknown_features": True}
+    assert per_server["http://stable"][0].requests == [(MODEL, 1, options)]
+    assert [c.requests for c in per_server["http://canary-0"]] == [[(MODEL, 2, options)], [(MODEL, 2, options)]]
+
+
+def test_a_difference_exactly_at_the_limit_passes(tmp_path):
+    # Row 0 answers 0.0 on stable: moved by 0.01 it differs by exactly rollout.max_abs_diff.
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(answers({0: 0.01})))
+    figures = verifier.golden(1, 2)
+    assert figures["rest_max_abs_diff"] == 0.01 and "error" not in figures
+
+
 def test_golden_compares_rest_with_grpc_on_the_canary(tmp_path):
     verifier, _, _ = build(tmp_path, grpc=ScriptedClient(answers({2: -0.004})),
                            rest=ScriptedClient(answers({2: 0.004})))
@@ -108,12 +124,18 @@ def test_golden_compares_every_output_of_every_row(tmp_path):
 
 @pytest.mark.parametrize("answer, problem", [
     (lambda rows, version: [probability(r) for r in rows[:-1]], "4 rows answered for 5 asked"),
-    (lambda rows, version: [{"value": 0.1 * r["x"]} for r in rows], "row 0 has outputs ['value']"),
+    (lambda rows, version: [{"value": 0.1 * r["x"]} for r in rows],
+     "row 0 has outputs ['value'], stable answers ['probability']"),
 ])
 def test_golden_answers_of_another_shape_fail(tmp_path, answer, problem):
     verifier, _, _ = build(tmp_path, grpc=ScriptedClient(answer))
     figures = verifier.golden(1, 2)
-    assert problem in figures["error"] and figures["grpc_max_abs_diff"] == math.inf
+    # The first problem found: gRPC against stable (then REST against gRPC, the same rows).
+    assert figures["error"] == (f"candidate 2 answers the golden rows unlike stable 1: gRPC on http://canary-0: "
+                                f"{problem}")
+    assert figures["grpc_max_abs_diff"] == math.inf and figures["rest_grpc_max_abs_diff"] == math.inf
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(answer))
+    assert verifier.golden(1, 2)["error"].endswith(f"unlike stable 1: REST on http://canary-0: {problem}")
 
 
 def test_golden_requests_that_fail_fail_the_step(tmp_path):
@@ -194,7 +216,7 @@ def test_a_metrics_window_counts_what_the_servers_counted(tmp_path):
     assert figures["verdict"] == "passed"
     assert (figures["requests"], figures["errors"]) == (400 + SENT + 100 + 2, 2)
     assert figures["error_rate"] == pytest.approx(2 / (400 + SENT + 100 + 2))
-    assert figures["p99_ms"] == 1.0 and figures["verifier_requests"] == SENT
+    assert figures["p99_ms"] == 1.0 and figures["verifier_requests"] == SENT and figures["source"] == "prometheus"
     assert figures["stable"]["requests"] == 500
     # The share counts every user request (the verifier's own taken out), failed ones included.
     assert figures["share"] == {"user_requests": 1002, "expected": 0.5, "checked": True,
@@ -297,6 +319,23 @@ def test_the_canary_share_of_user_traffic_must_match_the_step_within_a_binomial_
     assert figures["verdict"] == verdict
     if verdict == INCONCLUSIVE:
         assert "the route does not carry the step's weights" in figures["inconclusive"]
+
+
+def test_failed_stable_requests_count_toward_the_share(tmp_path):
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    after = snap({"c-0": counters(ok=500 + SENT)}, {"s-0": counters(ok=400, errors=100)})
+    figures = metrics_window(tmp_path, before, after, weight=50, limits=Limits(**{**LIMITS.__dict__,
+                                                                                   "max_error_rate_increase": 1.0}))
+    assert figures["share"]["user_requests"] == 1000 and figures["share"]["observed"] == 0.5
+
+
+def test_a_share_exactly_at_the_tolerance_passes():
+    # 64 requests at 50%: one standard deviation is 0.0625, 4 of them 0.25; 48 of 64 is 0.75, exactly at the edge.
+    figures = share_check(48, 16, 50, 4.0)
+    assert figures["tolerance"] == 0.25 and figures["observed"] == 0.75 and "inconclusive" not in figures
+    outside = share_check(49, 15, 50, 4.0)
+    assert outside["inconclusive"] == ("the canary got 76.6% of 64 user requests at a 50% step (tolerance ±25.0%): "
+                                       "the route does not carry the step's weights")
 
 
 def test_the_share_is_judged_only_with_enough_user_traffic():

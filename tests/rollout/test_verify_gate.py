@@ -350,3 +350,52 @@ def test_window_figures_add_up_every_server_of_the_track():
     figures = window_figures(before, after, "canary")
     assert (figures["requests"], figures["errors"], figures["predictions"], figures["servers"]) == (43, 3, 40, 2)
     assert figures["error_rate"] == pytest.approx(3 / 43)
+
+
+# The window arithmetic itself
+
+
+def test_p99_is_the_upper_bound_of_the_bucket_holding_the_99th_percentile():
+    from serving.rollout.metrics import p99_ms
+
+    assert p99_ms({}) == 0.0 and p99_ms({1000.0: 0.0, math.inf: 0.0}) == 0.0
+    assert p99_ms({1000.0: 1.0, math.inf: 1.0}) == 1.0
+    # 99 of 100 at or under 1 ms: the 99th percentile is in that bucket, exactly at its count.
+    assert p99_ms({1000.0: 99.0, 2000.0: 100.0, math.inf: 100.0}) == 1.0
+    # The total is the last (the +Inf) bucket's count: 2 of 100 under 20 µs put the 99th beyond every bound.
+    assert p99_ms({10.0: 1.0, 20.0: 2.0, math.inf: 100.0}) == math.inf
+
+
+def test_a_window_of_no_server_counts_nothing_and_an_untrusted_one_says_why_with_no_figure():
+    empty = Snapshot({})
+    assert window_figures(empty, empty, "canary") == {"servers": 0, "requests": 0.0, "errors": 0.0, "error_rate": 0.0,
+                                                      "predictions": 0.0, "p99_ms": 0.0}
+    missing = window_figures(Snapshot({"canary": {}}), Snapshot({"canary": {}}, {"canary": ["c-1", "c-2"]}), "canary")
+    assert missing == {"servers": 0, "requests": 0.0, "errors": 0.0, "error_rate": 0.0, "predictions": 0.0,
+                       "p99_ms": 0.0, "inconclusive": "no metrics from the canary server(s) c-1, c-2 (failed scrape)"}
+    changed = window_figures(Snapshot({"canary": {"a": counters()}}),
+                             Snapshot({"canary": {"b": counters(), "c": counters()}}), "canary")
+    assert changed["inconclusive"] == "the canary servers changed during the window (a, b, c)"
+
+
+def test_a_counter_that_went_down_anywhere_makes_the_window_untrusted():
+    from serving.rollout.metrics import ModelCounters
+
+    before = Snapshot({"canary": {"a": counters(ok=5)}})
+    requests_reset = Snapshot({"canary": {"a": ModelCounters({"OK": 3.0}, {1000.0: 5.0, math.inf: 5.0})}})
+    latency_reset = Snapshot({"canary": {"a": ModelCounters({"OK": 6.0}, {1000.0: 4.0, math.inf: 4.0})}})
+    for after in (requests_reset, latency_reset):
+        assert window_figures(before, after, "canary")["inconclusive"] == (
+            "the counters of canary server a went down (it restarted)")
+
+
+def test_errors_are_every_request_not_ok_and_a_counter_seen_once_at_zero_is_no_change():
+    from serving.rollout.metrics import ModelCounters, _delta
+
+    assert _delta({"INTERNAL": 0.0}, {}) == {"INTERNAL": 0.0}
+    before = Snapshot({"canary": {"a": ModelCounters({}, {})}})
+    after = Snapshot({"canary": {"a": ModelCounters({"INTERNAL": 3.0}, {})}})
+    figures = window_figures(before, after, "canary")
+    assert (figures["requests"], figures["errors"], figures["error_rate"]) == (3.0, 3.0, 1.0)
+    idle = window_figures(before, before, "canary")
+    assert (idle["requests"], idle["error_rate"], idle["servers"]) == (0.0, 0.0, 1)

@@ -267,7 +267,7 @@ class Verifier:
         else:
             # Predictions and failed requests count toward the share (a canary that fails requests still got them);
             # successful status and metadata reads (probes, the clients' own) do not.
-            figures["share"] = share_check(canary["predictions"] + canary["errors"] - sent,
+            figures["share"] = share_check(max(0.0, canary["predictions"] + canary["errors"] - sent),
                                            stable["predictions"] + stable["errors"], weight,
                                            self.limits.share_tolerance_sigmas)
         return figures

@@ -241,6 +241,8 @@ def test_the_servers_p99_at_the_limit(tmp_path, bound_us, verdict):
     after = snap({"c-0": counters(ok=100 + SENT, latency_us=slow)}, {"stable-0": counters()})
     figures = metrics_window(tmp_path, snap({"c-0": counters()}), after, weight=100)
     assert figures["p99_ms"] == bound_us / 1000 and figures["verdict"] == verdict
+    if verdict == "failed":
+        assert figures["error"] == "p99 latency 250.0 ms > rollout.max_p99_ms 250.0"
 
 
 @pytest.mark.parametrize("canary_errors, verdict", [(59, "passed"), (61, "failed")])
@@ -258,14 +260,40 @@ def test_the_canary_error_rate_against_stable_in_the_same_window(tmp_path, canar
         assert "against stable's 0.0010 in the same window > rollout.max_error_rate_increase" in figures["error"]
 
 
-@pytest.mark.parametrize("canary_bound_us, verdict", [(2000.0, "passed"), (2001.0, "failed")])
-def test_the_canary_p99_against_stable_in_the_same_window(tmp_path, canary_bound_us, verdict):
+@pytest.mark.parametrize("canary_bound_us, stable_predictions, verdict", [
+    (4000.0, 1000, "passed"), (4001.0, 1000, "failed"), (4001.0, 20, "failed"), (4001.0, 19, "passed")])
+def test_the_canary_p99_against_stable_in_the_same_window(tmp_path, canary_bound_us, stable_predictions, verdict):
+    # Stable's p99 is 2 ms: at most 2x (max_p99_ratio here) is 4 ms; stable needs 20 predictions to be a reference.
     before = snap({"c-0": counters()}, {"s-0": counters()})
     canary = {canary_bound_us: 1000.0, math.inf: 1000.0}
-    after = snap({"c-0": counters(ok=1000, latency_us=canary)}, {"s-0": counters(ok=1000 - SENT)})
-    figures = metrics_window(tmp_path, before, after, weight=50)
-    assert (figures["p99_ms"], figures["stable"]["p99_ms"]) == (canary_bound_us / 1000, 1.0)
+    stable = {2000.0: stable_predictions, math.inf: stable_predictions}
+    after = snap({"c-0": counters(ok=1000, latency_us=canary)},
+                 {"s-0": counters(ok=stable_predictions, latency_us=stable)})
+    limits = Limits(**{**LIMITS.__dict__, "share_tolerance_sigmas": 100.0})
+    figures = metrics_window(tmp_path, before, after, weight=50, limits=limits)
+    assert (figures["p99_ms"], figures["stable"]["p99_ms"]) == (canary_bound_us / 1000, 2.0)
     assert figures["verdict"] == verdict
+    if verdict == "failed":
+        assert figures["error"] == ("p99 latency 4.0 ms against stable's 2.0 ms in the same window > "
+                                    "rollout.max_p99_ratio 2.0x")
+
+
+def test_the_error_rate_against_stable_counts_from_one_stable_request_and_passes_at_the_limit(tmp_path):
+    limits = Limits(**{**LIMITS.__dict__, "max_error_rate": 0.05, "share_tolerance_sigmas": 100.0})
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    at_limit = snap({"c-0": counters(ok=10_000 - 50, errors=50)}, {"s-0": counters(ok=1)})
+    assert metrics_window(tmp_path, before, at_limit, weight=50, limits=limits)["verdict"] == "passed"
+    over = snap({"c-0": counters(ok=10_000 - 51, errors=51)}, {"s-0": counters(ok=1)})
+    assert metrics_window(tmp_path, before, over, weight=50, limits=limits)["verdict"] == "failed"
+
+
+def test_a_window_in_which_no_request_reached_the_candidate_is_inconclusive(tmp_path):
+    source = ScriptedMetrics(snap({"c-0": counters()}), snap({"c-0": counters()}))
+    down = ScriptedClient(answers(), error=ServingError("connection refused", "UNAVAILABLE"))
+    verifier, _, _ = build(tmp_path, metrics=source, rest=down, grpc=down)
+    figures = verifier.window(2, 0)
+    assert figures["inconclusive"] == "the window counted no request to the candidate"
+    assert figures["verdict"] == INCONCLUSIVE and figures["requests"] == 0 and "error" not in figures
 
 
 def test_relative_limits_need_stable_traffic(tmp_path):

@@ -51,7 +51,7 @@ class ControllerBusyError(RuntimeError):
 
 
 def busy_message(holder: str, held_s: float, waited_s: float) -> str:
-    waited = f" after waiting {waited_s:.0f}s" if waited_s > 0 else ""
+    waited = f" after waiting {waited_s:.1f}s" if waited_s > 0 else ""
     return (f"another rollout controller ({holder}) has held this model's rollout for {held_s:.0f}s{waited}; wait "
             "for it to finish or stop it, then run the command again (`--set rollout.lease_wait_seconds=N` waits up "
             "to N seconds).")

@@ -166,9 +166,11 @@ class ScriptedMetrics(MetricsSource):
     def __init__(self, *snapshots: Snapshot | Exception) -> None:
         self.snapshots = list(snapshots)
         self.calls: list[float | None] = []
+        self.models: list[str] = []
 
     def snapshot(self, model: str, fresh_after: float | None = None) -> Snapshot:
         self.calls.append(fresh_after)
+        self.models.append(model)
         next_one = self.snapshots.pop(0)
         if isinstance(next_one, Exception):
             raise next_one

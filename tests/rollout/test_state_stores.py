@@ -3,6 +3,7 @@ ConfigMap that already exists), another model's rollout in the same ConfigMap is
 refused, renewed, taken over only once expired, and released as client-go's leader election does."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -28,12 +29,24 @@ def test_a_stale_local_write_fails_and_a_fresh_one_lands(tmp_path):
     assert store.save({"current": None, "history": []}, first) == "2"
 
 
+def test_a_state_file_in_a_folder_not_made_yet_and_one_without_a_revision(tmp_path):
+    store = LocalStateStore(tmp_path / "serving" / "not-yet", "tiny")
+    assert store.save({"current": None, "history": []}, "0") == "1"
+    store.path.write_text('{"current": null, "history": []}')  # written before revisions were recorded
+    assert store.load() == ({"current": None, "history": []}, "0")
+
+
 def test_the_local_lock_names_its_holder_and_can_be_waited_for(tmp_path):
     holder, other = LocalStateStore(tmp_path, "tiny"), LocalStateStore(tmp_path, "tiny")
     with holder.exclusive():
-        with pytest.raises(ControllerBusyError, match=r"another rollout controller \(pid \d+\) has held this model's "
-                                                      r"rollout for \d+s; wait"):
+        with pytest.raises(ControllerBusyError) as refused:
             with other.exclusive():
+                pass
+        assert re.fullmatch(r"another rollout controller \(pid \d+\) has held this model's rollout for [01]s; wait "
+                            r"for it to finish or stop it, then run the command again \(`--set "
+                            r"rollout.lease_wait_seconds=N` waits up to N seconds\).", str(refused.value))
+        with pytest.raises(ControllerBusyError, match=r"for [01]s after waiting 0.3s; wait"):
+            with other.exclusive(wait_s=0.3):
                 pass
     released = threading.Event()
 

@@ -50,7 +50,11 @@ def build(tmp_path, rest=None, grpc=None, metrics=None, canaries=1, limits=LIMIT
     per_server["http://stable"] = (stable, stable)
 
     def clients(endpoint, retries):
+        retries_asked.append((endpoint.rest, retries))
         return per_server[endpoint.rest]
+
+    retries_asked: list[tuple[str, int | None]] = []
+    per_server["retries"] = retries_asked
 
     def sleep(seconds):
         clock[0] += seconds
@@ -205,6 +209,8 @@ def metrics_window(tmp_path, before: Snapshot, after: Snapshot | Exception, weig
     verifier, _, _ = build(tmp_path, metrics=source, limits=limits)
     figures = verifier.window(2, weight)
     assert source.calls[0] is None and source.calls[1] is not None, "the second snapshot waits for a fresh scrape"
+    assert source.models == [MODEL, MODEL]
+    assert figures["seconds"] == limits.window_seconds
     return figures
 
 
@@ -323,8 +329,33 @@ def test_windows_the_figures_of_which_cannot_be_trusted_are_inconclusive(tmp_pat
 
 
 def test_a_metrics_source_that_cannot_be_read_makes_the_window_inconclusive(tmp_path):
-    figures = metrics_window(tmp_path, snap({"c-0": counters()}), MetricsError("Prometheus at http://p:9090 refused"))
-    assert figures["verdict"] == INCONCLUSIVE and figures["inconclusive"] == "Prometheus at http://p:9090 refused"
+    refused = MetricsError("Prometheus at http://p:9090 refused")
+    wanted = {"source": "prometheus", "seconds": 1.0, "verdict": INCONCLUSIVE,
+              "inconclusive": "Prometheus at http://p:9090 refused"}
+    assert metrics_window(tmp_path, snap({"c-0": counters()}), refused) == wanted
+    verifier, per_server, _ = build(tmp_path, metrics=ScriptedMetrics(refused))
+    assert verifier.window(2, 0) == wanted
+    assert per_server["http://canary-0"][0].calls == 0, "no request is sent for a window that cannot be measured"
+
+
+def test_the_window_asks_the_candidate_once_per_request_without_retries(tmp_path):
+    limits = Limits(**{**LIMITS.__dict__, "window_seconds": 0.0})
+    verifier, per_server, _ = build(tmp_path, limits=limits)
+    figures = verifier.window(2, 10)
+    assert figures["requests"] == 1 and figures["seconds"] == 0.0 and figures["verdict"] == "passed"
+    rest, grpc = per_server["http://canary-0"]
+    assert rest.requests == [(MODEL, 2, {"timeout": 1.0, "drop_unknown_features": True})] and grpc.requests == []
+    assert per_server["retries"] == [("http://canary-0", 0)]
+    verifier.golden(1, 2)
+    assert per_server["retries"][1:] == [("http://stable", None), ("http://canary-0", None)]
+
+
+def test_the_verifiers_own_p99_keeps_microseconds(tmp_path):
+    limits = Limits(**{**LIMITS.__dict__, "window_seconds": 0.0})
+    verifier, per_server, clock = build(tmp_path, limits=limits)
+    per_server["http://canary-0"] = (ScriptedClient(answers(), latency_ms=1.23456, clock=clock),
+                                     ScriptedClient(answers(), clock=clock))
+    assert verifier.window(2, 10)["p99_ms"] == 1.235
 
 
 def test_a_canary_failing_its_limits_fails_whatever_share_it_got(tmp_path):

@@ -428,6 +428,7 @@ class Controller:
         return state
 
     def _finish(self, s: dict[str, Any], outcome: str) -> dict[str, Any]:
+        self._fence()
         version = s["candidate"] if outcome == "promoted" else s["stable"]
         served = self.served_state()
         wanted = {STABLE: {"versions": [version], "labels": {STABLE: version}},
@@ -476,6 +477,8 @@ class Controller:
                                        "to resume.")
                 raise WaitFailed(f"not AVAILABLE after {self.load_timeout_s:.0f}s ({why})")
             self.sleep(self.poll_s)
+            # A rollout moved by someone else meanwhile is not waited for.
+            self._fence()
 
     def _wait_loaded(self, track: str, version: int, must: bool = False) -> None:
         def condition() -> tuple[bool, str]:

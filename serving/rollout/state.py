@@ -106,7 +106,7 @@ class LocalStateStore(StateStore):
                         continue
                     lock.seek(0)
                     holder, _, since = lock.read().strip().partition(" since ")
-                    held_s = time.time() - float(since) if since else 0.0
+                    held_s = max(0.0, time.time() - float(since)) if since else 0.0
                     raise ControllerBusyError(busy_message(holder or "another process", held_s, wait_s)) from None
             lock.seek(0)
             lock.truncate()

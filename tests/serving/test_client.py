@@ -248,9 +248,11 @@ def test_one_line_per_row_for_each_task_kind():
 
 
 def test_a_canary_compares_every_class_probability():
-    from serving.rollout.verify import _max_diff
+    from serving.rollout.verify import compare_answers
 
     stable = [{"probabilities": [0.9, 0.1], "classes": ["a", "b"], "class": "a"}]
     candidate = [{"probabilities": [0.9, 0.1003], "classes": ["a", "b"], "class": "a"}]
-    assert _max_diff(stable, candidate) == pytest.approx(3e-4)
-    assert _max_diff([{"value": 10.0}], [{"value": 10.5}]) == pytest.approx(0.5)
+    assert compare_answers(stable, candidate) == (pytest.approx(3e-4), "")
+    assert compare_answers([{"value": 10.0}], [{"value": 10.5}]) == (pytest.approx(0.5), "")
+    # The class names are compared too, as they are.
+    assert compare_answers(stable, [{**candidate[0], "class": "b"}])[1] == "row 0 output 'class' is 'b', stable answers 'a'"

@@ -255,4 +255,5 @@ def test_a_canary_compares_every_class_probability():
     assert compare_answers(stable, candidate) == (pytest.approx(3e-4), "")
     assert compare_answers([{"value": 10.0}], [{"value": 10.5}]) == (pytest.approx(0.5), "")
     # The class names are compared too, as they are.
-    assert compare_answers(stable, [{**candidate[0], "class": "b"}])[1] == "row 0 output 'class' is 'b', stable answers 'a'"
+    assert compare_answers(stable, [{**candidate[0], "class": "b"}])[1] == (
+        "row 0 output 'class' is 'b', stable answers 'a'")

@@ -88,8 +88,7 @@ def p99_ms(buckets: Mapping[float, float]) -> float:
     if not cumulative or cumulative[-1][1] <= 0:
         return 0.0
     needed = 0.99 * cumulative[-1][1]
-    bound = next(b for b, count in cumulative if count >= needed)
-    return math.inf if math.isinf(bound) else bound / 1000.0
+    return next(b for b, count in cumulative if count >= needed) / 1000.0  # +Inf stays inf
 
 
 def _delta(before: Mapping, after: Mapping) -> dict | None:

@@ -110,6 +110,7 @@ def test_a_held_lease_refuses_a_second_controller_until_released(api):
     fake, api_client_ = api
     first, second = lease(api_client_, 30), lease(api_client_, 30)
     first.acquire(0)
+    first_renewal = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["renewTime"]
     with pytest.raises(ControllerBusyError) as refused:
         second.acquire(0)
     message = str(refused.value)
@@ -118,8 +119,11 @@ def test_a_held_lease_refuses_a_second_controller_until_released(api):
     first.release()
     stored = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
     assert stored["holderIdentity"] == ""
+    assert stored["leaseDurationSeconds"] == 1 and stored["renewTime"] != first_renewal, "released: it expires now"
     second.acquire(0)
-    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == second.identity
+    spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
+    assert spec["holderIdentity"] == second.identity
+    assert spec["leaseTransitions"] == 0, "taking a released Lease is no takeover"
     second.release()
 
 
@@ -128,13 +132,14 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost(api):
     import datetime
 
     now = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
-    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 10, clock=lambda: now[0])
+    # The Lease's own duration decides, not the newcomer's.
+    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 30, clock=lambda: now[0])
     stalled.acquire(0)
     stalled._stop.set()  # stalled: it renews no more
     now[0] += datetime.timedelta(seconds=9)
     with pytest.raises(ControllerBusyError, match="renewed 9s ago"):
         newcomer.acquire(0)
-    now[0] += datetime.timedelta(seconds=2)
+    now[0] += datetime.timedelta(seconds=1)  # renewTime + leaseDurationSeconds: expired from that instant
     newcomer.acquire(0)
     spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
     assert spec["holderIdentity"] == newcomer.identity and spec["leaseTransitions"] == 1
@@ -174,3 +179,35 @@ def test_the_kubernetes_store_holds_its_lease_for_the_whole_command(api):
                 pass
     with other.exclusive():
         pass
+
+
+def test_a_takeover_or_a_renewal_that_meets_another_writer_does_not_hold_the_lease(api):
+    fake, api_client_ = api
+    import datetime
+
+    now = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
+    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 10, clock=lambda: now[0])
+    stalled.acquire(0)
+    stalled._stop.set()
+    now[0] += datetime.timedelta(seconds=11)
+    fake.conflict_once("Lease", "rollout-tiny")  # a third controller takes it first
+    with pytest.raises(ControllerBusyError, match="rollout-tiny: another controller"):
+        newcomer.acquire(0)
+    holder = lease(api_client_, 10, clock=lambda: now[0])
+    holder.acquire(0)
+    holder._stop.set()
+    fake.conflict_once("Lease", "rollout-tiny")
+    holder.renew()
+    assert holder.holding.lost == f"Lease {NAMESPACE}/rollout-tiny was changed by another controller"
+
+
+def test_a_second_controller_may_wait_for_an_expiring_lease(api):
+    fake, api_client_ = api
+    stalled, waiting = lease(api_client_, 1), lease(api_client_, 1)
+    stalled.acquire(0)
+    stalled._stop.set()
+    started = time.monotonic()
+    waiting.acquire(wait_s=10)
+    assert time.monotonic() - started < 10
+    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == waiting.identity
+    waiting.release()

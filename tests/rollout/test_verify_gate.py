@@ -366,7 +366,7 @@ def test_a_canary_failing_its_limits_fails_whatever_share_it_got(tmp_path):
 
 @pytest.mark.parametrize("canary_user, weight, verdict", [
     (560, 50, "passed"), (565, 50, INCONCLUSIVE), (440, 50, "passed"), (435, 50, INCONCLUSIVE),
-    (3, 0, "passed"), (5, 0, INCONCLUSIVE), (997, 100, "passed"), (995, 100, INCONCLUSIVE),
+    (0, 0, "passed"), (3, 0, "passed"), (5, 0, INCONCLUSIVE), (997, 100, "passed"), (995, 100, INCONCLUSIVE),
 ])
 def test_the_canary_share_of_user_traffic_must_match_the_step_within_a_binomial_tolerance(
         tmp_path, canary_user, weight, verdict):
@@ -375,6 +375,7 @@ def test_the_canary_share_of_user_traffic_must_match_the_step_within_a_binomial_
     after = snap({"c-0": counters(ok=canary_user + SENT)}, {"s-0": counters(ok=1000 - canary_user)})
     figures = metrics_window(tmp_path, before, after, weight=weight)
     assert figures["share"]["observed"] == pytest.approx(canary_user / 1000)
+    assert figures["share"]["user_requests"] == 1000
     assert figures["verdict"] == verdict
     if verdict == INCONCLUSIVE:
         assert "the route does not carry the step's weights" in figures["inconclusive"]
@@ -423,6 +424,8 @@ def test_p99_is_the_upper_bound_of_the_bucket_holding_the_99th_percentile():
     assert p99_ms({1000.0: 99.0, 2000.0: 100.0, math.inf: 100.0}) == 1.0
     # The total is the last (the +Inf) bucket's count: 2 of 100 under 20 µs put the 99th beyond every bound.
     assert p99_ms({10.0: 1.0, 20.0: 2.0, math.inf: 100.0}) == math.inf
+    # Only the total (the last bucket) says whether there was any request.
+    assert p99_ms({10.0: 0.0, 20.0: 0.0, math.inf: 5.0}) == math.inf
 
 
 def test_a_window_of_no_server_counts_nothing_and_an_untrusted_one_says_why_with_no_figure():

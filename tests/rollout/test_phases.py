@@ -333,3 +333,67 @@ def test_reports_are_written_after_the_final_commit_and_again_when_missing(tmp_p
     page.unlink()
     again = fleet.controller(report_dir=str(reports)).start(2)
     assert again == record and [p.name for p in reports.glob("*.html")] == [page.name]
+
+
+# Promotion by hand, reasons, and what a rollback before promotion leaves alone
+
+
+def test_a_rollback_before_promotion_never_writes_the_stable_track_and_records_why(tmp_path):
+    fleet = Fleet(tmp_path)
+    record = fleet.controller(ScriptedVerifier(fail_at=(50,))).start(2)
+    assert record["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE
+    assert [w for w in fleet.backend.writes if w[:2] == ("set_track", "stable")] == []
+    assert record["reason"] == "verification at 50% failed: error rate 0.5 > rollout.max_error_rate 0.01 at 50%"
+    [failed] = [e for e in record["events"] if e["next"] == "rollback_route"]
+    assert failed["figures"]["window"]["error"].startswith("error rate 0.5") and failed["figures"]["weight"] == 50
+
+
+def test_a_manual_rollback_records_its_reason(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2, on_inconclusive="pause").start(2)
+    record = fleet.controller().rollback()
+    assert record["reason"] == "asked for by hand" and fleet.backend.served() == BEFORE
+    assert [w for w in fleet.backend.writes if w[:2] == ("set_track", "stable")] == []
+
+
+def test_promotion_by_hand_skips_the_remaining_steps(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier = ScriptedVerifier(inconclusive_at=[50, 50])
+    fleet.controller(verifier, max_inconclusive=2, on_inconclusive="pause").start(2)
+    record = fleet.controller(verifier).promote()
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+    assert record["manual"] is True and "paused" not in record
+    assert verifier.windows == [0, 50, 50], "no verification after the promotion was asked for"
+    assert any(e["message"] == "promotion of version 2 asked for by hand: skipping the remaining steps"
+               for e in record["events"])
+
+
+def test_promotion_by_hand_during_the_kept_time_retires_the_previous_version_now(tmp_path):
+    fleet = Fleet(tmp_path)
+    state = fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    assert state["phase"] == "retain" and fleet.backend.configs["stable"] == ([1, 2], {"stable": 2})
+    record = fleet.controller(keep_previous_s=600).promote(wait_retain=False)
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+
+
+def test_promotion_waits_out_the_kept_time_unless_told_not_to(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2, on_inconclusive="pause").start(2)
+    state = fleet.controller(keep_previous_s=600).promote(wait_retain=False)
+    assert state["phase"] == "retain" and "outcome" not in state
+    assert fleet.controller(keep_previous_s=600).promote()["outcome"] == "promoted"
+
+
+def test_a_rollout_rolling_back_cannot_be_promoted(tmp_path):
+    fleet = Fleet(tmp_path)
+    rollback_commit = next(i for i, e in enumerate(events_of("failed at 50%", tmp_path / "x"))
+                           if e == ("commit", "", "rollback_route"))
+    fleet.stop_at = rollback_commit
+    with pytest.raises(Stop):
+        failed_at_50(fleet)
+    fleet.stop_at = None
+    with pytest.raises(RolloutError, match=r"^the rollout of version 2 is rolling back; it cannot be promoted. Run "
+                                           r"`mlops rollout start` to let the rollback finish.$"):
+        fleet.controller().promote()
+    with pytest.raises(RolloutError, match="no rollout of 'tiny' is in progress"):
+        Fleet(tmp_path / "empty").controller().promote()

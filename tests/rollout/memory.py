@@ -53,10 +53,12 @@ class MemoryBackend(Backend):
                 for track in ("stable", "canary")} | {"canary_weight": self.weight}
 
     def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
+        assert model == MODEL, f"a backend call for model {model!r}"
         versions, labels = self.configs[track]
         return list(versions), dict(labels)
 
     def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        assert model == MODEL, f"a backend call for model {model!r}"
         wanted = (sorted(versions), dict(labels))
         if self.configs[track] == wanted:
             return
@@ -70,12 +72,14 @@ class MemoryBackend(Backend):
         self.after_write(write)
 
     def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
+        assert model == MODEL, f"a backend call for model {model!r}"
         if version in self.failing[track] and version in self.configs[track][0]:
             return [ServerView(f"{track}-0", "END", self.failing[track][version])]
         state = "AVAILABLE" if version in self.configs[track][0] else "NOT_FOUND"
         return [ServerView(f"{track}-0", state)]
 
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
+        assert model == MODEL, f"a backend call for model {model!r}"
         version = self.configs[track][1].get(label)
         return [version if version not in self.failing[track] else None]
 
@@ -89,6 +93,7 @@ class MemoryBackend(Backend):
         return self.weight
 
     def check_version(self, model: str, version: int) -> None:
+        assert model == MODEL, f"a backend call for model {model!r}"
         if version not in self.published:
             raise BackendError(f"version {version} of {model!r} is not published.")
 
@@ -104,9 +109,11 @@ class ScriptedVerifier:
         self._weight = 0
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
+        assert isinstance(stable, int) and isinstance(candidate, int) and stable != candidate, (stable, candidate)
         return {"rows": 3, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0}
 
     def window(self, candidate: int, weight: int) -> dict[str, Any]:
+        assert isinstance(candidate, int), candidate
         self.windows.append(weight)
         figures: dict[str, Any] = {"source": "scripted", "seconds": 0, "requests": 10, "errors": 0,
                                    "error_rate": 0.0, "p99_ms": 1.0}

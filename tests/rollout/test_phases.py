@@ -397,3 +397,55 @@ def test_a_rollout_rolling_back_cannot_be_promoted(tmp_path):
         fleet.controller().promote()
     with pytest.raises(RolloutError, match="no rollout of 'tiny' is in progress"):
         Fleet(tmp_path / "empty").controller().promote()
+
+
+def test_each_verification_records_its_weight_servers_and_figures(tmp_path):
+    fleet = Fleet(tmp_path)
+    record = fleet.controller(ScriptedVerifier(inconclusive_at=[50])).start(2)
+    verifications = [e for e in record["events"] if "figures" in e]
+    assert [(e["figures"]["weight"], e["figures"]["canary_servers"]) for e in verifications] == [
+        (0, 1), (50, 1), (50, 1), (100, 1)]
+    assert all(e["figures"]["golden"]["rows"] == 3 for e in verifications)
+    inconclusive = verifications[1]
+    assert inconclusive["message"] == ("the window at 50% is inconclusive (1 of 3 in a row): no metrics from the canary "
+                                       "server(s) canary-0 (failed scrape); verifying again")
+    assert "error" not in inconclusive["figures"] and inconclusive["figures"]["window"]["inconclusive"]
+
+
+def test_a_paused_rollout_records_the_window_that_paused_it(tmp_path):
+    fleet = Fleet(tmp_path)
+    state = fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2,
+                             on_inconclusive="pause").start(2)
+    last = state["events"][-1]
+    assert last["message"].startswith("PAUSED at 50% canary traffic (2 inconclusive windows in a row at 50%")
+    assert last["figures"]["window"]["inconclusive"] and state["inconclusive"] == 0
+
+
+@pytest.mark.parametrize("failing, reason", [
+    ({"canary": {2: "Loading servable failed"}}, "version 2 did not load on the canary servers: canary-0: Loading "
+                                                 "servable failed"),
+    ({"stable": {2: "out of memory"}}, "version 2 did not load on the stable servers: stable-0: out of memory"),
+])
+def test_a_version_that_fails_to_load_on_either_track_is_rolled_back(tmp_path, failing, reason):
+    fleet = Fleet(tmp_path)
+    fleet.backend.failing.update(failing)
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "rolled_back" and record["reason"] == reason
+    fleet.backend.failing = {"stable": {}, "canary": {}}
+    assert fleet.backend.served() == BEFORE
+
+
+def test_a_candidate_not_available_or_unpublished_at_a_step_is_rolled_back(tmp_path):
+    fleet = Fleet(tmp_path)
+    # Published at the start, gone before the first verification.
+    fleet.backend.after_write = lambda write: fleet.backend.published.discard(2) if write[1] == "canary" and write[
+        3] == {"canary": 2} else None
+    record = fleet.controller().start(2)
+    assert record["reason"] == "version 2 of 'tiny' is not published." and fleet.backend.served() == BEFORE
+    fleet = Fleet(tmp_path / "views")
+    original = fleet.backend.version_views
+    fleet.backend.version_views = lambda model, track, version: (
+        [] if track == "canary" and fleet.store.load()[0]["current"]["phase"] == "verify" else
+        original(model, track, version))
+    record = fleet.controller().start(2)
+    assert record["reason"] == "verification at 0% failed: no canary server is running"

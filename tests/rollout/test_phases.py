@@ -407,8 +407,8 @@ def test_each_verification_records_its_weight_servers_and_figures(tmp_path):
         (0, 1), (50, 1), (50, 1), (100, 1)]
     assert all(e["figures"]["golden"]["rows"] == 3 for e in verifications)
     inconclusive = verifications[1]
-    assert inconclusive["message"] == ("the window at 50% is inconclusive (1 of 3 in a row): no metrics from the canary "
-                                       "server(s) canary-0 (failed scrape); verifying again")
+    assert inconclusive["message"] == ("the window at 50% is inconclusive (1 of 3 in a row): no metrics from the "
+                                       "canary server(s) canary-0 (failed scrape); verifying again")
     assert "error" not in inconclusive["figures"] and inconclusive["figures"]["window"]["inconclusive"]
 
 

@@ -206,8 +206,10 @@ def snap(canary: dict[str, object], stable: dict[str, object] | None = None, mis
 
 def metrics_window(tmp_path, before: Snapshot, after: Snapshot | Exception, weight: int = 0, limits=LIMITS):
     source = ScriptedMetrics(before, after)
-    verifier, _, _ = build(tmp_path, metrics=source, limits=limits)
+    verifier, per_server, _ = build(tmp_path, metrics=source, limits=limits)
     figures = verifier.window(2, weight)
+    if not isinstance(after, Exception):
+        assert {version for _, version, _ in per_server["http://canary-0"][0].requests} == {2}, "the candidate asked"
     assert source.calls[0] is None and source.calls[1] is not None, "the second snapshot waits for a fresh scrape"
     assert source.models == [MODEL, MODEL]
     assert figures["seconds"] == limits.window_seconds

@@ -3,16 +3,12 @@
 else; and the servers reach nothing (the object-storage overlay: its store over HTTPS, and DNS)."""
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 import yaml
 
 from tests.k8s.networkpolicy import Pod, admits
+from tests.k8s.render import REPO, render
 
-REPO = Path(__file__).resolve().parents[2]
-KUBECTL = REPO / ".venv-tools" / "bin" / "kubectl"
 SERVING = "mlops-serving"
 VALUES = yaml.safe_load((REPO / "k8s/serving/gateway/values.yaml").read_text())["data"]
 # The labels Envoy Gateway v1.5.9 puts on its proxy pods (internal/infrastructure/kubernetes/proxy/resource.go
@@ -48,12 +44,6 @@ EXPECTED = {(GATEWAY_PROXY, 8500), (GATEWAY_PROXY, 8501), (SCRAPER, 8501), (ROLL
 PORTS = (8500, 8501, 9090, 80, 443)
 
 
-def render(kustomization: str) -> list[dict]:
-    if not KUBECTL.exists():
-        pytest.fail(f"{KUBECTL} is missing: run `make setup` (it builds .venv-tools from requirements-tools.lock).")
-    result = subprocess.run([str(KUBECTL), "kustomize", str(REPO / kustomization)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def servers(objects: list[dict]) -> list[Pod]:

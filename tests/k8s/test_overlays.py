@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-KUBECTL = REPO / ".venv-tools" / "bin" / "kubectl"
+from tests.k8s.render import render
+
 OVERLAYS = ["k8s/serving/overlays/dev", "k8s/serving/overlays/prod", "k8s/serving/overlays/object-storage"]
 
 
-def render(kustomization: str) -> list[dict]:
-    if not KUBECTL.exists():
-        pytest.fail(f"{KUBECTL} is missing: run `make setup` (it builds .venv-tools from requirements-tools.lock).")
-    result = subprocess.run([str(KUBECTL), "kustomize", str(REPO / kustomization)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def of_kind(objects: list[dict], kind: str) -> dict[str, dict]:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-KUBECTL = REPO / ".venv-tools" / "bin" / "kubectl"
+from tests.k8s.render import REPO, render
+
 KUBE = REPO / "serving/rollout/kube.py"
 VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch", "delete": "delete",
          "get": "get"}
@@ -84,11 +81,7 @@ def api_calls(class_name: str) -> set[tuple[str, str, str]]:
 
 
 def role(kustomization: str) -> tuple[dict, list[dict]]:
-    if not KUBECTL.exists():
-        pytest.fail(f"{KUBECTL} is missing: run `make setup` (it builds .venv-tools from requirements-tools.lock).")
-    result = subprocess.run([str(KUBECTL), "kustomize", str(REPO / kustomization)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    objects = render(kustomization)
     [found] = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "rollout-controller"]
     return found, objects
 
@@ -145,9 +138,7 @@ def test_the_role_grants_what_the_backend_calls_and_nothing_more(backend, class_
 
 
 def test_the_rollout_job_runs_the_controller_as_that_account():
-    objects = [d for d in yaml.safe_load_all(subprocess.run(
-        [str(KUBECTL), "kustomize", str(REPO / "k8s/serving/rollout-job")], capture_output=True, text=True,
-        check=True).stdout) if d]
+    objects = render("k8s/serving/rollout-job")
     [job] = [o for o in objects if o["kind"] == "Job"]
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "rollout-controller" and pod["automountServiceAccountToken"] is True

@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.k8s import gateway_api
 from tests.k8s.gateway_api import HttpRequest
+from tests.k8s.render import REPO, render
 
-REPO = Path(__file__).resolve().parents[2]
-KUBECTL = REPO / ".venv-tools" / "bin" / "kubectl"
 MODEL = "taxi"
 SERVING_NAMESPACE = "mlops-serving"
 
 
-def render(path: Path) -> list[dict]:
-    if not KUBECTL.exists():
-        pytest.fail(f"{KUBECTL} is missing: run `make setup` (it builds .venv-tools from requirements-tools.lock).")
-    result = subprocess.run([str(KUBECTL), "kustomize", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 # The routes of each path: which Services back them, on which REST and gRPC ports.

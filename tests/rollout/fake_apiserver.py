@@ -9,6 +9,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -25,6 +26,8 @@ class FakeApiServer:
         self.conflicts_sent = 0
         self.requests: list[tuple[str, str]] = []
         self._conflict_once: set[tuple] = set()
+        # (method, kind) -> [handler(path, body) -> (status, body) | None, requests left]; None answers as usual.
+        self._intercepts: dict[tuple[str, str], list] = {}
         # pod name -> handler(path) -> (status, body)
         self.proxies: dict[str, Callable[[str], tuple[int, str]]] = {}
         # Called after a stored object is created or replaced through the API, before the answer is sent: (key, object).
@@ -51,15 +54,17 @@ class FakeApiServer:
 
             def do_GET(self):
                 fake.requests.append(("GET", self.path))
-                self._send(*fake.get(self.path))
+                self._send(*(fake._intercepted("GET", self.path, {}) or fake.get(self.path)))
 
             def do_PUT(self):
                 fake.requests.append(("PUT", self.path))
-                self._send(*fake.put(self.path, self._body()))
+                body = self._body()
+                self._send(*(fake._intercepted("PUT", self.path, body) or fake.put(self.path, body)))
 
             def do_POST(self):
                 fake.requests.append(("POST", self.path))
-                self._send(*fake.post(self.path, self._body()))
+                body = self._body()
+                self._send(*(fake._intercepted("POST", self.path, body) or fake.post(self.path, body)))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -104,6 +109,29 @@ class FakeApiServer:
     def conflict_once(self, kind: str, name: str) -> None:
         """The next update of that object finds it changed by someone else (its resourceVersion moves on)."""
         self._conflict_once.add((kind, name))
+
+    def intercept(self, method: str, kind: str, handler: Callable[[str, dict], tuple[int, object] | None],
+                  times: int = 1) -> None:
+        """The next `times` requests of that method on that kind go to `handler` first (a failure status the real
+        server can answer, such as 403 Forbidden from RBAC, or a change another client makes meanwhile)."""
+        self._intercepts[(method, kind)] = [handler, times]
+
+    def fail(self, method: str, kind: str, code: int, times: int = 1) -> None:
+        reason = HTTPStatus(code).phrase  # the status line's phrase, which the client reports as the reason
+        self.intercept(method, kind, lambda path, body: self._status(code, reason.replace(" ", ""), "injected"), times)
+
+    def _intercepted(self, method: str, path: str, body: dict) -> tuple[int, object] | None:
+        try:
+            kind = self._locate(urlparse(path).path)[0]
+        except KeyError:
+            return None
+        entry = self._intercepts.get((method, kind))
+        if entry is None:
+            return None
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._intercepts[(method, kind)]
+        return entry[0](path, body)
 
     def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:
         return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code,

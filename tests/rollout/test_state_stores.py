@@ -3,6 +3,7 @@ ConfigMap that already exists), another model's rollout in the same ConfigMap is
 refused, renewed, taken over only once expired, and released as client-go's leader election does."""
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -10,7 +11,9 @@ import time
 import pytest
 from kubernetes import client
 
-from serving.rollout.kube import ConfigMapStateStore, Lease, api_client
+from serving.rollout import kube
+from serving.rollout.backends import BackendError
+from serving.rollout.kube import CONFLICT_RETRIES, ConfigMapStateStore, Lease, api_client
 from serving.rollout.state import ControllerBusyError, LocalStateStore, StateConflictError
 from tests.rollout.fake_apiserver import FakeApiServer
 
@@ -211,3 +214,126 @@ def test_a_second_controller_may_wait_for_an_expiring_lease(api):
     assert time.monotonic() - started < 10
     assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == waiting.identity
     waiting.release()
+
+
+def test_the_configmap_store_reports_api_failures_in_one_sentence(api):
+    fake, api_client_ = api
+    store = ConfigMapStateStore(client.CoreV1Api(api_client_), NAMESPACE, "rollout-state", "tiny")
+    fake.fail("GET", "ConfigMap", 403)
+    with pytest.raises(BackendError, match=rf"^reading ConfigMap {NAMESPACE}/rollout-state failed: 403 Forbidden$"):
+        store.load()
+    fake.fail("POST", "ConfigMap", 403)
+    with pytest.raises(BackendError, match=rf"^writing ConfigMap {NAMESPACE}/rollout-state failed: 403 Forbidden$"):
+        store.save({"current": None, "history": []}, "0")
+    assert fake.find("ConfigMap", NAMESPACE, "rollout-state") is None
+    token = store.save({"current": None, "history": []}, "0")
+    fake.fail("PUT", "ConfigMap", 422)
+    with pytest.raises(BackendError, match=r"^writing ConfigMap .* failed: 422 Unprocessable Entity$"):
+        store.save({"current": {"id": "a"}, "history": []}, token)
+    assert store.load() == ({"current": None, "history": [], "revision": 1}, "1")
+
+
+def test_a_configmap_created_meanwhile_or_without_data_is_written_into(api):
+    fake, api_client_ = api
+    core = client.CoreV1Api(api_client_)
+    tiny = ConfigMapStateStore(core, NAMESPACE, "rollout-state", "tiny")
+
+    def taxi_creates_it_first(path, body):
+        fake.add({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "rollout-state",
+                  "namespace": NAMESPACE}, "data": {"taxi.json": '{"current": null, "history": [], "revision": 4}'}})
+        return None  # then ours arrives: 409 AlreadyExists
+
+    fake.intercept("POST", "ConfigMap", taxi_creates_it_first)
+    assert tiny.save({"current": {"id": "t"}, "history": []}, "0") == "1"
+    data = fake.find("ConfigMap", NAMESPACE, "rollout-state")["data"]
+    assert sorted(data) == ["taxi.json", "tiny.json"] and json.loads(data["tiny.json"])["current"] == {"id": "t"}
+    # Made by hand (`kubectl create configmap rollout-empty`): no data at all.
+    fake.add({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "rollout-empty", "namespace": NAMESPACE}})
+    empty = ConfigMapStateStore(core, NAMESPACE, "rollout-empty", "tiny")
+    assert empty.load() == ({"current": None, "history": []}, "0")
+    assert empty.save({"current": None, "history": []}, "0") == "1"
+    assert list(fake.find("ConfigMap", NAMESPACE, "rollout-empty")["data"]) == ["tiny.json"]
+
+
+def test_a_configmap_that_keeps_changing_under_the_writer_gives_up_after_its_retries(api):
+    fake, api_client_ = api
+    store = ConfigMapStateStore(client.CoreV1Api(api_client_), NAMESPACE, "rollout-state", "tiny")
+    token = store.save({"current": None, "history": []}, "0")
+
+    def another_key_written_meanwhile(path, body):
+        fake.conflict_once("ConfigMap", "rollout-state")
+        return None
+
+    fake.intercept("PUT", "ConfigMap", another_key_written_meanwhile, times=CONFLICT_RETRIES)
+    with pytest.raises(StateConflictError, match=rf"kept conflicting with other writers \({CONFLICT_RETRIES} tries\)"):
+        store.save({"current": {"id": "a"}, "history": []}, token)
+    assert fake.conflicts_sent == CONFLICT_RETRIES
+    fake.intercept("PUT", "ConfigMap", another_key_written_meanwhile, times=CONFLICT_RETRIES - 1)
+    assert store.save({"current": {"id": "a"}, "history": []}, token) == "2", "the last try lands"
+
+
+def test_the_lease_reports_api_failures_and_a_create_race(api):
+    fake, api_client_ = api
+    where = f"Lease {NAMESPACE}/rollout-tiny"
+    fake.fail("GET", "Lease", 403)
+    with pytest.raises(BackendError, match=rf"^reading {where} failed: 403 Forbidden$"):
+        lease(api_client_, 30).acquire(0)
+    fake.fail("POST", "Lease", 403)
+    with pytest.raises(BackendError, match=rf"^creating {where} failed: 403 Forbidden$"):
+        lease(api_client_, 30).acquire(0)
+    fake.fail("POST", "Lease", 409)  # another controller created it between our read and create
+    with pytest.raises(ControllerBusyError, match=rf"^another rollout controller \({where}: another controller\)"):
+        lease(api_client_, 30).acquire(0)
+    holder = lease(api_client_, 30)
+    holder.acquire(0)
+    holder._stop.set()
+    holder._thread.join()
+    fake.fail("GET", "Lease", 500)
+    with pytest.raises(BackendError, match=rf"^reading {where} failed: 500 Internal Server Error$"):
+        holder.renew()
+    fake.fail("PUT", "Lease", 422)
+    with pytest.raises(BackendError, match=rf"^renewing {where} failed: 422 Unprocessable Entity$"):
+        holder.renew()
+    assert not holder.holding.lost, "a failed renewal is retried; the lease is lost only after its duration"
+    fake.fail("GET", "Lease", 500)
+    holder.release()  # a release that fails leaves the lease to expire by itself
+    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == holder.identity
+    holder.release()
+    assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == ""
+    released = lease(api_client_, 30)
+    fake.fail("PUT", "Lease", 403)
+    with pytest.raises(BackendError, match=rf"^taking {where} failed: 403 Forbidden$"):
+        released.acquire(0)
+
+
+class FakeTime:
+    """time.monotonic and time.sleep for Lease.acquire: sleeping moves the clock on."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+
+def test_waiting_for_a_held_lease_tries_again_every_second_until_the_wait_ends(api, monkeypatch):
+    fake, api_client_ = api
+    holder = lease(api_client_, 30)
+    holder.acquire(0)
+    fake_time = FakeTime()
+    monkeypatch.setattr(kube, "time", fake_time)
+    reads_before = sum(1 for method, path in fake.requests if method == "GET" and "/leases/" in path)
+    with pytest.raises(ControllerBusyError, match=r"after waiting 2.5s"):
+        lease(api_client_, 30).acquire(wait_s=2.5)
+    assert fake_time.sleeps == [1.0, 1.0, 0.5], "a try at 0, 1, 2 and 2.5 s, none after the deadline"
+    fake_time.sleeps.clear()
+    with pytest.raises(ControllerBusyError):
+        lease(api_client_, 30).acquire(wait_s=0.01)
+    assert fake_time.sleeps == [0.05], "never a busy loop, however little of the wait is left"
+    reads = sum(1 for method, path in fake.requests if method == "GET" and "/leases/" in path) - reads_before
+    assert reads == 4 + 2
+    holder.release()

@@ -187,8 +187,11 @@ class Controller:
                 return self._run(current, retire_now=True)
             if current["phase"] in ("load", "label", "verify"):
                 changes = {k: v for k, v in current.items() if k != "paused"}
-                current = self._advance(changes, "promote_load", f"promotion of version {current['candidate']} "
-                                        "asked for by hand: skipping the remaining steps", manual=True)
+                # Before verification the canary servers still load and label the candidate (then promotion, without
+                # a step): a promoted rollout serves it on both tracks.
+                phase = "promote_load" if current["phase"] == "verify" else current["phase"]
+                current = self._advance(changes, phase, f"promotion of version {current['candidate']} asked for by "
+                                        "hand: skipping the remaining steps", manual=True)
             state = self._run(current)
         return self._after_retain(state, wait_retain)
 
@@ -287,7 +290,8 @@ class Controller:
             self._wait_label(CANARY, C)
         except WaitFailed as e:
             return self._begin_rollback(s, f"the canary label did not move to version {C}: {e}")
-        return self._advance(s, "verify", f"label canary -> {C} on every canary server (version {S} unloaded there)")
+        return self._advance(s, "promote_load" if s.get("manual") else "verify",
+                             f"label canary -> {C} on every canary server (version {S} unloaded there)")
 
     def _verify(self, s: dict[str, Any]) -> dict[str, Any]:
         C, step = s["candidate"], s["step"]
@@ -374,9 +378,10 @@ class Controller:
     def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
         # Where the rollback starts follows what the backend shows, not the phase alone: a controller stopped right
         # after writing a promotion phase's config left the candidate on the stable track before recording it.
-        stable_versions, stable_labels = self.backend.track_config(self.model, STABLE)
+        stable_versions, _ = self.backend.track_config(self.model, STABLE)
         C = s["candidate"]
-        on_stable = s["phase"] in PROMOTION_PHASES or C in stable_versions or stable_labels.get(STABLE) == C
+        # A label names a loaded version: the candidate labelled stable is in stable_versions too.
+        on_stable = s["phase"] in PROMOTION_PHASES or C in stable_versions
         phase = "revert_label" if on_stable else "rollback_route"
         _, canary_labels = self.backend.track_config(self.model, CANARY)
         changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
@@ -387,11 +392,19 @@ class Controller:
 
     def _revert_label(self, s: dict[str, Any]) -> dict[str, Any]:
         S, C = s["stable"], s["candidate"]
-        # Where a server serves one version (KubeDL), there is no label to move: the track goes back to S.
-        versions = [S, C] if S in self.backend.loaded_versions([S, C]) else [S]
+        if S not in self.backend.loaded_versions([S, C]):
+            # Where a server serves one version (KubeDL), there is no label to move: the track goes back to S.
+            versions, message = [S], f"the stable servers serve version {S} again"
+        else:
+            versions, message = [S, C], f"label stable -> {S} again (it was still loaded)"
+            if S not in self.backend.track_config(self.model, STABLE)[0]:
+                # Retired already (stopped after that write): TF Serving labels only a version it serves.
+                self.backend.set_track(self.model, STABLE, versions, {STABLE: C})
+                self._wait_loaded(STABLE, S, must=True)
+                message = f"label stable -> {S} again (loaded again first)"
         self.backend.set_track(self.model, STABLE, versions, {STABLE: S})
         self._wait_label(STABLE, S, must=True)
-        return self._advance(s, "revert_unload", f"label stable -> {S} again (it was still loaded)")
+        return self._advance(s, "revert_unload", message)
 
     def _revert_unload(self, s: dict[str, Any]) -> dict[str, Any]:
         S = s["stable"]

@@ -46,6 +46,10 @@ class MemoryBackend(Backend):
         self.failing: dict[str, dict[int, str]] = {"stable": {}, "canary": {}}
         self.writes: list[tuple] = []
         self.after_write: Callable[[tuple], None] = lambda write: None
+        # Label moves TF Serving refuses: a label may only name a version the track already served before the write
+        # ("labels can be assigned only to model versions that are already loaded and available", tensorflow/serving
+        # 2.16 docs/serving_config.md; ServerCore::UpdateModelVersionLabelMap in model_servers/server_core.cc).
+        self.refused_labels: list[tuple[str, str, int]] = []
 
     def served(self) -> dict[str, Any]:
         """What `Controller.served_state` reads back, straight from the fake."""
@@ -64,6 +68,9 @@ class MemoryBackend(Backend):
             return
         if any(v not in versions for v in labels.values()):
             raise BackendError(f"labels {labels} must point at served versions {versions}.")
+        if self.supports_labels:
+            self.refused_labels += [(track, label, version) for label, version in labels.items()
+                                    if version not in self.configs[track][0]]
         self.configs[track] = wanted
         self._wrote(("set_track", track, wanted[0], wanted[1]))
 
@@ -96,6 +103,24 @@ class MemoryBackend(Backend):
         assert model == MODEL, f"a backend call for model {model!r}"
         if version not in self.published:
             raise BackendError(f"version {version} of {model!r} is not published.")
+
+
+class OneVersionBackend(MemoryBackend):
+    """A track serves one version and answers no label, as KubeDLBackend (serving/rollout/kube.py) does: the highest
+    version its config names."""
+
+    name = "one-version"
+    supports_labels = False
+
+    def loaded_versions(self, versions: list[int]) -> list[int]:
+        return [max(versions)]
+
+    def set_track(self, model: str, track: str, versions: list[int], labels: dict[str, int]) -> None:
+        version = max(versions)
+        super().set_track(model, track, [version], {track: version})
+
+    def label_views(self, model: str, track: str, label: str) -> list[int | None]:
+        raise NotImplementedError("one version per server: no labels")
 
 
 class ScriptedVerifier:

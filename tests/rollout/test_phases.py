@@ -12,7 +12,7 @@ import pytest
 
 from serving.rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
 from serving.rollout.state import ControllerBusyError, Holding, StateConflictError
-from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedVerifier, Stop
+from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, OneVersionBackend, ScriptedVerifier, Stop
 
 BEFORE = {"stable": {"versions": [1], "labels": {"stable": 1}}, "canary": {"versions": [1], "labels": {"canary": 1}},
           "canary_weight": 0}
@@ -39,10 +39,10 @@ def _sleep(seconds: float) -> None:
 class Fleet:
     """One model's backend and state folder; controllers made on it share both, as processes on one machine do."""
 
-    def __init__(self, folder) -> None:
+    def __init__(self, folder, backend: type[MemoryBackend] = MemoryBackend) -> None:
         self.folder = folder
         self.store = HookedStore(folder)
-        self.backend = MemoryBackend(self.store)
+        self.backend = backend(self.store)
         self.events: list[tuple[str, str, object]] = []
         self.stop_at: int | None = None
         self.on_event: Callable[[int], None] = lambda index: None
@@ -163,6 +163,7 @@ def test_stopped_after_any_write_or_commit_then_resumed_or_rolled_back(tmp_path,
     print(f"{scenario} | stopped after {stopped_at[0]} {stopped_at[1] or stopped_at[2]} | {then} | "
           f"{record['outcome']} | {served}")
     assert served == wanted_state, f"stopped after {stopped_at}"
+    assert fleet.backend.refused_labels == [], "no label moved to a version its servers did not serve yet"
     assert record["outcome"] == wanted_outcome and record["served"] == served
     history = fleet.store.load()[0]["history"]
     assert len(history) == 1 and fleet.store.load()[0]["current"] is None, "one outcome, recorded once"
@@ -449,3 +450,168 @@ def test_a_candidate_not_available_or_unpublished_at_a_step_is_rolled_back(tmp_p
         original(model, track, version))
     record = fleet.controller().start(2)
     assert record["reason"] == "verification at 0% failed: no canary server is running"
+
+
+# What each rollout records, step by step
+
+TRANSCRIPTS = {
+    "promoted": [
+        ("start", "load", "rollout of version 2 over stable 1 started"),
+        ("load", "label", "version 2 is AVAILABLE on every canary server"),
+        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
+        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
+        ("verify", "verify", "verified at 50%; the canary's share of the traffic moves to 100%"),
+        ("verify", "promote_load", "verified at 100%: promoting version 2"),
+        ("promote_load", "promote_label", "version 2 is AVAILABLE on every stable server"),
+        ("promote_label", "promote_route", "label stable -> 2; version 1 stays loaded"),
+        ("promote_route", "retain", "all traffic on the stable servers, now version 2; version 1 stays loaded until "
+                                    "2027-01-15T08:00:00Z for an instant rollback"),
+        ("retain", "done", "promoted: the stable track serves [2] (stable -> 2) and the canary track serves [2] "
+                           "(canary -> 2), 0% of the traffic on the canary")],
+    "failed at 50%": [
+        ("start", "load", "rollout of version 2 over stable 1 started"),
+        ("load", "label", "version 2 is AVAILABLE on every canary server"),
+        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
+        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
+        ("verify", "rollback_route", "ROLLING BACK version 2: verification at 50% failed: error rate 0.5 > "
+                                     "rollout.max_error_rate 0.01 at 50%"),
+        ("rollback_route", "rollback_canary_load", "all traffic on the stable servers"),
+        ("rollback_canary_load", "rollback_canary_label", "version 1 is AVAILABLE on every canary server"),
+        ("rollback_canary_label", "done", "rolled back: the stable track serves [1] (stable -> 1) and the canary "
+                                          "track serves [1] (canary -> 1), 0% of the traffic on the canary "
+                                          "(verification at 50% failed: error rate 0.5 > rollout.max_error_rate 0.01 "
+                                          "at 50%)")],
+    "rolled back after promotion": [
+        ("start", "load", "rollout of version 2 over stable 1 started"),
+        ("load", "label", "version 2 is AVAILABLE on every canary server"),
+        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
+        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
+        ("verify", "verify", "verified at 50%; the canary's share of the traffic moves to 100%"),
+        ("verify", "promote_load", "verified at 100%: promoting version 2"),
+        ("promote_load", "promote_label", "version 2 is AVAILABLE on every stable server"),
+        ("promote_label", "promote_route", "label stable -> 2; version 1 stays loaded"),
+        ("promote_route", "retain", "all traffic on the stable servers, now version 2; version 1 stays loaded until "
+                                    "2027-01-15T08:10:00Z for an instant rollback"),
+        ("retain", "revert_label", "ROLLING BACK version 2: asked for by hand"),
+        ("revert_label", "revert_unload", "label stable -> 1 again (it was still loaded)"),
+        ("revert_unload", "rollback_route", "version 2 unloaded from the stable servers"),
+        ("rollback_route", "rollback_canary_load", "all traffic on the stable servers"),
+        ("rollback_canary_load", "rollback_canary_label", "version 1 is AVAILABLE on every canary server"),
+        ("rollback_canary_label", "done", "rolled back: the stable track serves [1] (stable -> 1) and the canary "
+                                          "track serves [1] (canary -> 1), 0% of the traffic on the canary (asked for "
+                                          "by hand)")],
+}
+
+
+@pytest.mark.parametrize("scenario", list(TRANSCRIPTS))
+def test_each_rollout_records_every_phase_it_went_through_and_why(tmp_path, scenario):
+    fleet = Fleet(tmp_path)
+    SCENARIOS[scenario][0](fleet)
+    [record] = fleet.store.load()[0]["history"]
+    assert [(e["phase"], e["next"], e["message"]) for e in record["events"]] == TRANSCRIPTS[scenario]
+    assert fleet.backend.refused_labels == []
+
+
+def test_a_rollback_keeps_the_canary_label_on_a_served_version_while_stable_loads_again(tmp_path):
+    fleet = Fleet(tmp_path)
+    failed_at_50(fleet)
+    canary_writes = [w for w in fleet.backend.writes if w[:2] == ("set_track", "canary")]
+    assert canary_writes[-2:] == [("set_track", "canary", [1, 2], {"canary": 2}),
+                                  ("set_track", "canary", [1], {"canary": 1})]
+    # Rolled back before the canary label moved: it stays on version 1 throughout.
+    fleet = Fleet(tmp_path / "before-label")
+    fleet.backend.failing["canary"][2] = "Loading servable failed"
+    fleet.controller().start(2)
+    fleet.backend.failing["canary"].clear()
+    assert [w for w in fleet.backend.writes if w[:2] == ("set_track", "canary")] == [
+        ("set_track", "canary", [1, 2], {"canary": 1}), ("set_track", "canary", [1], {"canary": 1})]
+    assert fleet.backend.served() == BEFORE and fleet.backend.refused_labels == []
+
+
+# Where a server serves one version, the stable track has no label to move back.
+ONE_VERSION_MESSAGES = {"label stable -> 1 again (it was still loaded)": "the stable servers serve version 1 again"}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_backend_serving_one_version_per_server_rolls_out_and_back_from_every_commit(tmp_path, scenario):
+    """KubeDL's shape: no labels, a track's servers serve the highest version its config names."""
+    run, wanted_state, outcome = SCENARIOS[scenario]
+    fleet = Fleet(tmp_path / "uninterrupted", OneVersionBackend)
+    run(fleet)
+    [record] = fleet.store.load()[0]["history"]
+    assert fleet.backend.served() == wanted_state and record["outcome"] == outcome
+    assert fleet.backend.writes[0] == ("set_track", "canary", [2], {"canary": 2}), "the canary servers serve 2 now"
+    wanted = [ONE_VERSION_MESSAGES.get(m, m) for _, _, m in TRANSCRIPTS[scenario]]
+    assert [e["message"] for e in record["events"]] == wanted
+    commits = [i for i, e in enumerate(fleet.events) if e[0] == "commit"]
+    for index in commits[:-1]:
+        stopped = Fleet(tmp_path / f"stopped-{index}", OneVersionBackend)
+        stopped.stop_at = index
+        with pytest.raises(Stop):
+            run(stopped)
+        stopped.stop_at = None
+        record = stopped.controller().rollback()
+        assert stopped.backend.served() == BEFORE and record["outcome"] == "rolled_back", f"stopped after {index}"
+
+
+@pytest.mark.parametrize("phase", ["load", "label"])
+def test_promotion_by_hand_before_verification_still_brings_the_canary_servers_to_the_candidate(tmp_path, phase):
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e == ("commit", "", phase))
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    verifier = ScriptedVerifier()
+    record = fleet.controller(verifier).promote()
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED and record["manual"] is True
+    assert verifier.windows == [], "nothing verified after the promotion was asked for"
+    assert (phase, phase, "promotion of version 2 asked for by hand: skipping the remaining steps") in [
+        (e["phase"], e["next"], e["message"]) for e in record["events"]]
+    assert fleet.backend.refused_labels == []
+
+
+def test_promotion_by_hand_waits_out_the_kept_time_by_default(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2, on_inconclusive="pause").start(2)
+    started = CLOCK[0]
+    record = fleet.controller(keep_previous_s=2).promote()
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+    assert CLOCK[0] - started == pytest.approx(2.0), "it waited the kept time, then retired version 1"
+
+
+@pytest.mark.parametrize("scenario, phase, track", [
+    ("rolled back after promotion", "revert_label", "stable"),
+    ("failed at 50%", "rollback_canary_load", "canary"),
+    ("failed at 50%", "rollback_canary_label", "canary"),
+])
+def test_a_rollback_whose_servers_do_not_follow_stops_and_resumes_when_they_do(tmp_path, scenario, phase, track):
+    """A rollback has nowhere else to go: it waits for the servers, then stops with a sentence, never half-done."""
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of(scenario, tmp_path / "x")) if e == ("commit", "", phase))
+    with pytest.raises(Stop):
+        SCENARIOS[scenario][0](fleet)
+    fleet.stop_at = None
+    fleet.backend.failing[track][1] = "disk full"
+    with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(.*\); "
+                                           r"fix them and run the same command again to resume.$"):
+        fleet.controller().rollback()
+    assert fleet.store.load()[0]["current"]["phase"] == phase
+    fleet.backend.failing[track].clear()
+    assert fleet.controller().rollback()["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE
+
+
+def test_a_rollback_after_the_previous_version_was_retired_loads_it_before_labelling_it(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    assert fleet.backend.configs["stable"] == ([2], {"stable": 2}), "retired, the outcome not recorded yet"
+    written = len(fleet.backend.writes)
+    record = fleet.controller().rollback()
+    assert [w for w in fleet.backend.writes[written:] if w[:2] == ("set_track", "stable")] == [
+        ("set_track", "stable", [1, 2], {"stable": 2}), ("set_track", "stable", [1, 2], {"stable": 1}),
+        ("set_track", "stable", [1], {"stable": 1})]
+    assert ("revert_label", "revert_unload", "label stable -> 1 again (loaded again first)") in [
+        (e["phase"], e["next"], e["message"]) for e in record["events"]]
+    assert fleet.backend.served() == BEFORE and fleet.backend.refused_labels == []

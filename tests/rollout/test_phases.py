@@ -6,10 +6,12 @@ the first stop without touching traffic. A backend in memory (tests/rollout/memo
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 
 import pytest
 
+from serving.rollout.backends import ServerView
 from serving.rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
 from serving.rollout.state import ControllerBusyError, Holding, StateConflictError
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, OneVersionBackend, ScriptedVerifier, Stop
@@ -615,3 +617,95 @@ def test_a_rollback_after_the_previous_version_was_retired_loads_it_before_label
     assert ("revert_label", "revert_unload", "label stable -> 1 again (loaded again first)") in [
         (e["phase"], e["next"], e["message"]) for e in record["events"]]
     assert fleet.backend.served() == BEFORE and fleet.backend.refused_labels == []
+
+
+# Waiting for the servers, and what the controller reads back before it records an outcome
+
+
+def _views_in_phase(fleet: Fleet, phase: str, track: str, views: list[ServerView]) -> None:
+    """The track's servers answer `views` about every version while the rollout is in `phase`."""
+    original = fleet.backend.version_views
+
+    def version_views(model: str, asked_track: str, version: int) -> list[ServerView]:
+        current = fleet.store.load()[0]["current"]
+        if asked_track == track and current is not None and current["phase"] == phase:
+            return list(views)
+        return original(model, asked_track, version)
+
+    fleet.backend.version_views = version_views
+
+
+@pytest.mark.parametrize("views, why", [
+    ([ServerView("canary-0", "LOADING")], "canary-0 LOADING"),
+    ([], "no server"),
+    ([ServerView("canary-0", "AVAILABLE"), ServerView("canary-1", "END")], "canary-1 END"),  # unloading: waited for
+])
+def test_a_candidate_that_never_becomes_available_is_waited_for_then_rolled_back(tmp_path, views, why):
+    fleet = Fleet(tmp_path)
+    _views_in_phase(fleet, "load", "canary", views)
+    record = fleet.controller().start(2)
+    assert record["reason"] == f"version 2 did not load on the canary servers: not AVAILABLE after 0s ({why})"
+    assert fleet.backend.served() == BEFORE and CLOCK[0] > 1_800_000_000.0, "it polled meanwhile"
+
+
+@pytest.mark.parametrize("answers", [[], [1], [2, 1]])
+def test_a_canary_label_that_does_not_move_is_waited_for_then_rolled_back(tmp_path, answers):
+    fleet = Fleet(tmp_path)
+    original = fleet.backend.label_views
+    fleet.backend.label_views = lambda model, track, label: (
+        list(answers) if fleet.store.load()[0]["current"]["phase"] == "label" else original(model, track, label))
+    record = fleet.controller().start(2)
+    assert record["reason"] == (f"the canary label did not move to version 2: not AVAILABLE after 0s (label canary "
+                                f"answers {answers})")
+    assert fleet.backend.served() == BEFORE
+
+
+def test_a_candidate_not_available_on_every_canary_server_at_a_step_is_rolled_back(tmp_path):
+    fleet = Fleet(tmp_path)
+    _views_in_phase(fleet, "verify", "canary", [ServerView("canary-0", "AVAILABLE"), ServerView("canary-1", "LOADING"),
+                                                ServerView("canary-2", "END", "Loading servable failed")])
+    record = fleet.controller().start(2)
+    assert record["reason"] == ("verification at 0% failed: candidate not AVAILABLE: canary-1 LOADING, canary-2 END "
+                                "Loading servable failed")
+    [failed] = [e for e in record["events"] if e["next"] == "rollback_route"]
+    assert failed["figures"]["canary_servers"] == 3 and "golden" not in failed["figures"]
+
+
+def test_a_rollout_moved_by_another_command_while_waiting_for_servers_stops_there(tmp_path, monkeypatch):
+    fleet = Fleet(tmp_path)
+    _views_in_phase(fleet, "load", "canary", [ServerView("canary-0", "LOADING")])
+    moved = []
+
+    def sleep_while_another_command_rolls_back(seconds: float) -> None:
+        CLOCK[0] += seconds
+        if not moved:
+            other = LockIgnoringStore(tmp_path)
+            document, token = other.load()
+            other.save({**document, "current": {**document["current"], "phase": "rollback_route"}}, token)
+            moved.append(True)
+
+    monkeypatch.setattr(sys.modules[__name__], "_sleep", sleep_while_another_command_rolls_back)
+    with pytest.raises(StateConflictError, match="the rollout state changed since this controller read it"):
+        fleet.controller().start(2)
+    assert moved and fleet.backend.configs["canary"] == ([1, 2], {"canary": 1}), "nothing written after the move"
+
+
+def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    fleet.backend.weight = 10  # someone moved the route by hand
+    with pytest.raises(RolloutError) as refused:
+        fleet.controller().start(2)
+    assert str(refused.value) == (
+        "the backend does not show the promoted state (the stable track serves [2] (stable -> 2) and the canary track "
+        "serves [2] (canary -> 2), 10% of the traffic on the canary; wanted the stable track serves [2] (stable -> 2) "
+        "and the canary track serves [2] (canary -> 2), 0% of the traffic on the canary); fix the servers and run the "
+        "same command again to resume.")
+    assert fleet.store.load()[0]["current"]["phase"] == "retain" and fleet.store.load()[0]["history"] == []
+    fleet.backend.weight = 0
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "promoted" and record["served"] == PROMOTED
+    assert record["finished_at"] == "2027-01-15T08:00:00Z" and record["phase"] == "done"

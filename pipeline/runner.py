@@ -157,12 +157,25 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         summary.total_seconds = round(time.monotonic() - STARTED, 2)
         if "Publisher" in summary.cached_stages:
             summary.published_new = False
+        if summary.published_version is not None:
+            summary.published_labels = _labels_on(config, summary.published_version)
         json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
     else:
         _print_summary(summary, json_path, html_path, out)
     return summary
+
+
+def _labels_on(config: PipelineConfig, version: int) -> list[str]:
+    """The labels the model repository's config points at `version` (empty when it cannot be read)."""
+    from serving.model_repository import RepositoryError, open_repository
+
+    try:
+        labels = open_repository(config.serving_base_dir).labels(config.model_name)
+    except (RepositoryError, OSError):
+        return []
+    return sorted(label for label, labelled in labels.items() if labelled == version)
 
 
 # The Evaluator's figures the summary prints, for every task kind (each only where the run has it).
@@ -256,8 +269,12 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
               "holds this model (an earlier run published it)", file=out)
     elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
-        print(f"                (`mlops versions` lists it; `mlops rollout start --version "
-              f"{summary.published_version}` moves traffic to it)", file=out)
+        if "stable" in summary.published_labels:
+            print("                (`mlops versions` lists it; it is labelled stable: it serves without a rollout)",
+                  file=out)
+        else:
+            print(f"                (`mlops versions` lists it; `mlops rollout start --version "
+                  f"{summary.published_version}` moves traffic to it)", file=out)
     else:
         print("  published     nothing (not blessed)", file=out)
     print(f"  report        {html_path}", file=out, flush=True)

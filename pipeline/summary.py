@@ -39,6 +39,8 @@ class RunSummary:
     total_seconds: float = 0.0
     # Whether the Publisher published a new version in this run (False: cached, or the same model already there).
     published_new: bool = False
+    # The repository's labels on the published version, read back after the run (e.g. stable on a first version).
+    published_labels: list[str] = field(default_factory=list)
     log_path: str = ""
 
     def to_json(self) -> str:

@@ -160,3 +160,29 @@ def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():
     cached = _baseline({"blessed": True, "cached_stages": ["Evaluator"]}, "auc")
     assert "served from the cache: this is the verdict and the comparison of the earlier run" in cached
     assert "served from the cache" not in _baseline({"blessed": True, "cached_stages": []}, "auc")
+
+
+def test_a_first_version_published_as_stable_is_not_sent_to_a_rollout(tmp_path):
+    import io
+
+    from pipeline.config import PipelineConfig
+    from pipeline.runner import _labels_on, _print_summary
+    from pipeline.summary import RunSummary
+
+    config = PipelineConfig(output_root=str(tmp_path), model_name="m")
+    assert _labels_on(config, 1) == [], "no repository yet"
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "models.config").write_text(
+        'model_config_list { config { name: "m" base_path: "/models/m" model_platform: "tensorflow" '
+        'model_version_policy { specific { versions: 1 versions: 2 } } version_labels { key: "stable" value: 1 } '
+        'version_labels { key: "canary" value: 2 } } }')
+    assert _labels_on(config, 1) == ["stable"] and _labels_on(config, 2) == ["canary"]
+    printed = {}
+    for version, labels in ((1, ["stable"]), (2, [])):
+        out = io.StringIO()
+        _print_summary(RunSummary(run_id="r", published_version=version, pushed_path=f"/o/serving/m/{version}",
+                                  published_new=True, blessed=True, published_labels=labels), "s.json", "s.html", out)
+        printed[version] = out.getvalue()
+    assert "(`mlops versions` lists it; it is labelled stable: it serves without a rollout)" in printed[1]
+    assert "mlops rollout start" not in printed[1]
+    assert "`mlops rollout start --version 2` moves traffic to it" in printed[2]

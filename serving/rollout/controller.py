@@ -31,8 +31,6 @@ from serving.rollout.verify import Verifier
 STABLE, CANARY = "stable", "canary"
 ROLLBACK_PHASES = ("rollback_route", "rollback_canary_load", "rollback_canary_label", "revert_label", "revert_unload")
 PHASES = ("load", "label", "verify", "promote_load", "promote_label", "promote_route", "retain", *ROLLBACK_PHASES)
-# The phases after which the candidate may be loaded on the stable track: a rollback from there reverts it first.
-PROMOTION_PHASES = ("promote_load", "promote_label", "promote_route", "retain")
 
 
 class RolloutError(RuntimeError):
@@ -376,13 +374,11 @@ class Controller:
         return self._finish(s, "promoted")
 
     def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
-        # Where the rollback starts follows what the backend shows, not the phase alone: a controller stopped right
-        # after writing a promotion phase's config left the candidate on the stable track before recording it.
-        stable_versions, _ = self.backend.track_config(self.model, STABLE)
+        # Where the rollback starts follows what the backend shows, not the phase: a controller stopped right after
+        # writing a promotion phase's config left the candidate on the stable track before recording it, and one
+        # stopped right after recording promote_load had not loaded it there yet. (A label names a loaded version.)
         C = s["candidate"]
-        # A label names a loaded version: the candidate labelled stable is in stable_versions too.
-        on_stable = s["phase"] in PROMOTION_PHASES or C in stable_versions
-        phase = "revert_label" if on_stable else "rollback_route"
+        phase = "revert_label" if C in self.backend.track_config(self.model, STABLE)[0] else "rollback_route"
         _, canary_labels = self.backend.track_config(self.model, CANARY)
         changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
         if figures is not None:

@@ -709,3 +709,69 @@ def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
     record = fleet.controller().start(2)
     assert record["outcome"] == "promoted" and record["served"] == PROMOTED
     assert record["finished_at"] == "2027-01-15T08:00:00Z" and record["phase"] == "done"
+
+
+def test_a_rollback_recorded_before_the_candidate_reached_the_stable_servers_leaves_them_alone(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x"))
+                         if e == ("commit", "", "promote_load"))
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    written = len(fleet.backend.writes)
+    record = fleet.controller().rollback()
+    assert [w for w in fleet.backend.writes[written:] if w[:2] == ("set_track", "stable")] == []
+    assert [e["next"] for e in record["events"]][-4:] == ["rollback_route", "rollback_canary_load",
+                                                          "rollback_canary_label", "done"]
+    assert fleet.backend.served() == BEFORE
+
+
+def test_a_retired_version_that_does_not_load_again_stops_the_rollback_until_it_does(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
+    with pytest.raises(Stop):
+        promoted(fleet)
+    fleet.stop_at = None
+    fleet.backend.failing["stable"][1] = "disk full"
+    with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(failed: "
+                                           r"stable-0: disk full\)"):
+        fleet.controller().rollback()
+    assert fleet.backend.configs["stable"] == ([1, 2], {"stable": 2}), "version 2 still answers under stable"
+    fleet.backend.failing["stable"].clear()
+    assert fleet.controller().rollback()["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE
+
+
+def test_a_kept_version_retires_at_the_end_of_its_kept_time_exactly(tmp_path):
+    fleet = Fleet(tmp_path)
+    state = fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    CLOCK[0] = state["retain_until"] - 0.5
+    assert fleet.controller(keep_previous_s=600).start(2, wait_retain=False)["phase"] == "retain"
+    CLOCK[0] = state["retain_until"]
+    record = fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+
+
+@pytest.mark.parametrize("meanwhile", ["rolled back and ended", "rolling back", "another rollout kept"])
+def test_a_controller_waiting_out_the_kept_time_stops_when_another_command_moved_the_rollout(tmp_path, monkeypatch,
+                                                                                         meanwhile):
+    fleet = Fleet(tmp_path)
+    moved: list[bool] = []
+
+    def sleep_while_another_command_acts(seconds: float) -> None:
+        CLOCK[0] += seconds
+        if moved:
+            return
+        other = LockIgnoringStore(tmp_path)
+        document, token = other.load()
+        current = document["current"]
+        changed = {"rolled back and ended": None, "rolling back": {**current, "phase": "revert_label"},
+                   "another rollout kept": {**current, "id": "another"}}[meanwhile]
+        other.save({**document, "current": changed}, token)
+        moved.append(True)
+
+    monkeypatch.setattr(sys.modules[__name__], "_sleep", sleep_while_another_command_acts)
+    with pytest.raises(RolloutError) as stopped:
+        fleet.controller(keep_previous_s=5).start(2)
+    assert str(stopped.value) == ("the rollout state changed while waiting (another command rolled it back); see "
+                                  "`mlops rollout status`.")
+    assert fleet.backend.configs["stable"] == ([1, 2], {"stable": 2}), "the previous version was not retired"

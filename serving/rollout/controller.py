@@ -307,7 +307,6 @@ class Controller:
         views = self.backend.version_views(self.model, CANARY, C)
         not_available = [v for v in views if v.state != "AVAILABLE"]
         figures: dict[str, Any] = {"weight": weight, "canary_servers": len(views)}
-        inconclusive = None
         if not views:
             figures["error"] = "no canary server is running"
         elif not_available:
@@ -319,11 +318,11 @@ class Controller:
             if not figures["error"]:
                 figures["window"] = verifier.window(C, weight)
                 figures["error"] = figures["window"].get("error")
-                inconclusive = figures["window"].get("inconclusive")
         self.log(f"verification at {weight}% canary traffic: {describe_figures(figures)}")
         if figures["error"]:
             return self._begin_rollback(s, f"verification at {weight}% failed: {figures['error']}", figures=figures)
         figures.pop("error")
+        inconclusive = figures["window"].get("inconclusive")
         if inconclusive is not None:
             count = s.get("inconclusive", 0) + 1
             if count < self.max_inconclusive:

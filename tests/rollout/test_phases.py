@@ -775,3 +775,31 @@ def test_a_controller_waiting_out_the_kept_time_stops_when_another_command_moved
     assert str(stopped.value) == ("the rollout state changed while waiting (another command rolled it back); see "
                                   "`mlops rollout status`.")
     assert fleet.backend.configs["stable"] == ([1, 2], {"stable": 2}), "the previous version was not retired"
+
+
+def test_one_verifier_serves_every_step_of_a_command(tmp_path):
+    fleet = Fleet(tmp_path)
+    made: list[ScriptedVerifier] = []
+
+    def factory() -> ScriptedVerifier:
+        made.append(ScriptedVerifier())
+        return made[-1]
+
+    controller = Controller(fleet.backend, MODEL, [50, 100], factory, load_timeout_s=0.2, keep_previous_s=0,
+                            poll_s=0.01, log=lambda _: None, sleep=_sleep)
+    assert controller.start(2)["outcome"] == "promoted"
+    assert len(made) == 1 and made[0].windows == [0, 50, 100], "its clients and connections are opened once"
+
+
+def test_a_stable_label_that_does_not_move_stops_the_promotion_until_it_does(tmp_path):
+    fleet = Fleet(tmp_path)
+    original = fleet.backend.label_views
+    stuck = [True]
+    fleet.backend.label_views = lambda model, track, label: (
+        [1] if stuck[0] and track == "stable" else original(model, track, label))
+    with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(label "
+                                           r"stable answers \[1\]\); fix them and run the same command again"):
+        fleet.controller().start(2)
+    assert fleet.store.load()[0]["current"]["phase"] == "promote_label"
+    stuck[0] = False
+    assert fleet.controller().start(2)["outcome"] == "promoted" and fleet.backend.served() == PROMOTED

@@ -3,7 +3,7 @@ transformed with the project's own Transform math (z-scores, quantile buckets, v
 
 The pipeline computes these constants with TF Transform on Beam; here NumPy computes them on the training rows
 and `components.transform` applies them, so a notebook gets `build_model`'s inputs in a second, not a minute.
-Also the timing helper the notebooks' comparisons share.
+Also the timing helpers the notebooks' comparisons share.
 """
 from __future__ import annotations
 
@@ -98,3 +98,18 @@ def median_seconds(function: Callable[[], Any], repeats: int = 7, warmup: int = 
         function()
         times.append(time.perf_counter() - started)
     return float(np.median(times))
+
+
+def wall_and_cpu_seconds(function: Callable[[], Any], repeats: int = 7, warmup: int = 1) -> tuple[float, float]:
+    """Median wall time of `function()` over `repeats` calls after `warmup` untimed ones, and the CPU time (user +
+    system, every thread of this process) per timed call. Other programs on the machine stretch the wall time; the
+    CPU time is the work the process itself did, which they hardly change, so comparisons are asserted on it."""
+    for _ in range(warmup):
+        function()
+    times = []
+    cpu_before = time.process_time()
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times)), (time.process_time() - cpu_before) / repeats

@@ -25,14 +25,20 @@ CELL_TIMEOUT_S = 600
 def execute(path: Path, cell_timeout_s: int = CELL_TIMEOUT_S) -> tuple[nbformat.NotebookNode, float]:
     """Runs every cell of the notebook at `path` in a fresh kernel of this interpreter, in the notebook's folder.
 
-    The kernel is this Python (the .venv), never a `python3` kernel spec found elsewhere on the machine.
+    The kernel is this Python (the .venv), never a `python3` kernel spec found elsewhere on the machine. It is shut
+    down when the notebook ends, passed or failed: nbclient leaves a kernel it was handed (`km=`) running unless
+    told `cleanup_kc=True`, and a suite of notebooks would otherwise keep every kernel's memory until it exits.
     """
     notebook = nbformat.read(path, as_version=4)
     manager = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     client = NotebookClient(notebook, km=manager, timeout=cell_timeout_s, record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
     started = time.perf_counter()
-    client.execute()
+    try:
+        client.execute(cleanup_kc=True)
+    finally:
+        if manager.has_kernel:  # the kernel started but nbclient's own clean-up did not run or did not finish
+            manager.shutdown_kernel(now=True)
     return notebook, time.perf_counter() - started
 
 

@@ -124,18 +124,21 @@ class OneVersionBackend(MemoryBackend):
 
 
 class ScriptedVerifier:
-    """Golden and window verdicts by step weight: `fail_at` weights fail the golden comparison, `inconclusive_at`
-    weights give inconclusive windows (as many times as listed)."""
+    """Golden and window verdicts by step weight: `fail_at` weights fail their window, `inconclusive_at` weights give
+    inconclusive windows (as many times as listed), and a `golden_error` fails every golden comparison."""
 
-    def __init__(self, fail_at: tuple[int, ...] = (), inconclusive_at: list[int] | None = None) -> None:
+    def __init__(self, fail_at: tuple[int, ...] = (), inconclusive_at: list[int] | None = None,
+                 golden_error: str = "") -> None:
         self.fail_at = fail_at
+        self.golden_error = golden_error
         self.inconclusive_at = list(inconclusive_at or [])
         self.windows: list[int] = []
         self._weight = 0
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
         assert isinstance(stable, int) and isinstance(candidate, int) and stable != candidate, (stable, candidate)
-        return {"rows": 3, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0}
+        return {"rows": 3, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0,
+                **({"error": self.golden_error} if self.golden_error else {})}
 
     def window(self, candidate: int, weight: int) -> dict[str, Any]:
         assert isinstance(candidate, int), candidate

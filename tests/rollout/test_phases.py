@@ -803,3 +803,33 @@ def test_a_stable_label_that_does_not_move_stops_the_promotion_until_it_does(tmp
     assert fleet.store.load()[0]["current"]["phase"] == "promote_label"
     stuck[0] = False
     assert fleet.controller().start(2)["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+
+
+def test_a_golden_comparison_that_fails_rolls_back_before_any_window(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier = ScriptedVerifier(golden_error="row 3: max|diff| 0.2 > rollout.max_abs_diff 0.0001 over REST")
+    record = fleet.controller(verifier).start(2)
+    assert record["reason"] == "verification at 0% failed: row 3: max|diff| 0.2 > rollout.max_abs_diff 0.0001 over REST"
+    assert verifier.windows == [] and fleet.backend.served() == BEFORE
+
+
+def test_the_first_window_inconclusive_counts_one_and_a_rollback_for_inconclusive_windows_keeps_their_figures(
+        tmp_path):
+    fleet = Fleet(tmp_path)
+    record = fleet.controller(ScriptedVerifier(inconclusive_at=[0, 0, 0]), max_inconclusive=3).start(2)
+    retries = [e["message"] for e in record["events"] if e["next"] == "verify" and e["phase"] == "verify"]
+    assert retries == [f"the window at 0% is inconclusive ({n} of 3 in a row): no metrics from the canary server(s) "
+                       "canary-0 (failed scrape); verifying again" for n in (1, 2)]
+    [rolled_back] = [e for e in record["events"] if e["next"] == "rollback_route"]
+    assert rolled_back["figures"]["window"]["inconclusive"].startswith("no metrics from the canary")
+    assert rolled_back["figures"]["weight"] == 0 and "error" not in rolled_back["figures"]
+
+
+def test_a_paused_rollout_says_how_to_go_on(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier = ScriptedVerifier(inconclusive_at=[0])
+    state = fleet.controller(verifier, max_inconclusive=1, on_inconclusive="pause").start(2)
+    assert state["events"][-1]["message"] == (
+        "PAUSED at 0% canary traffic (1 inconclusive windows in a row at 0%: no metrics from the canary server(s) "
+        "canary-0 (failed scrape)); fix what keeps the figures from being trusted, then run `mlops rollout start "
+        "--version 2` to verify again, or `mlops rollout rollback`")

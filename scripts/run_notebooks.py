@@ -4,10 +4,17 @@
     .venv/bin/python scripts/run_notebooks.py notebooks/03_keras_model_apis.ipynb
 
 Stops at the first failing cell of a notebook (an `assert` whose claim no longer holds) and exits non-zero.
+
+Each notebook's metadata gets, under "mlops", the project files its kernel had imported when the last cell ended
+(`sys.modules`, files of this repository outside .venv) with their sha256, and one fingerprint over them:
+tests/notebooks/test_outputs_current.py fails when today's files give another fingerprint, so outputs written by
+older code cannot pass unnoticed.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -18,8 +25,61 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
 CELL_TIMEOUT_S = 600
+# Run in the kernel after the notebook's last cell: every imported module with a file, as one line
+# "<marker> {name: file}" (the marker keeps apart whatever a thread the notebook left running prints meanwhile).
+IMPORTED_FILES_MARKER = "mlops-imported-files:"
+IMPORTED_FILES_SNIPPET = (
+    f"print({IMPORTED_FILES_MARKER!r}, __import__('json').dumps({{name: module.__file__ for name, module in"
+    " list(__import__('sys').modules.items()) if isinstance(getattr(module, '__file__', None), str)}))")
+NOT_PROJECT_CODE = {".venv", ".venv-tools"}  # top-level folders of the repository whose files are not its code
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def code_fingerprint(code_files: dict[str, str]) -> str:
+    """One sha256 over the files' repository-relative paths and contents' sha256, in path order: no time, no
+    machine, so the same code gives the same fingerprint wherever and whenever it is computed."""
+    digest = hashlib.sha256()
+    for relative in sorted(code_files):
+        digest.update(f"{relative}\0{code_files[relative]}\n".encode())
+    return digest.hexdigest()
+
+
+def project_code(imported: dict[str, str], notebook: Path, root: Path = REPO) -> dict[str, str]:
+    """{repository-relative path: sha256} of the imported files that are this repository's code.
+
+    A module of one of the repository's own packages (components, pipeline, ...) imported from somewhere else (an
+    editable install of another checkout, say) is an error: the notebook would have run, and be fingerprinted as,
+    code that is not this checkout's.
+    """
+    root = root.resolve()
+    packages = {path.parent.name for path in root.glob("*/__init__.py")} - {"tests"}  # site-packages has a `tests`
+    code, foreign = {}, []
+    for name, file in sorted(imported.items()):
+        path = Path(file).resolve()
+        try:
+            relative = path.relative_to(root)
+        except ValueError:
+            if name.split(".")[0] in packages:
+                foreign.append(f"{name} from {path}")
+            continue
+        if relative.parts[0] in NOT_PROJECT_CODE or path == notebook.resolve() or not path.is_file():
+            continue
+        code[relative.as_posix()] = file_sha256(path)
+    if foreign:
+        raise RuntimeError(f"{notebook.name}'s kernel imported this repository's packages from elsewhere "
+                           f"({', '.join(foreign[:3])}); run it with PYTHONPATH={root}.")
+    return dict(sorted(code.items()))
+
+
+def record_code(notebook: nbformat.NotebookNode, imported: dict[str, str], path: Path) -> None:
+    code_files = project_code(imported, path)
+    notebook.metadata["mlops"] = {"code_files": code_files, "code_fingerprint": code_fingerprint(code_files)}
 
 
 def execute(path: Path, cell_timeout_s: int = CELL_TIMEOUT_S) -> tuple[nbformat.NotebookNode, float]:
@@ -28,8 +88,12 @@ def execute(path: Path, cell_timeout_s: int = CELL_TIMEOUT_S) -> tuple[nbformat.
     The kernel is this Python (the .venv), never a `python3` kernel spec found elsewhere on the machine. It is shut
     down when the notebook ends, passed or failed: nbclient leaves a kernel it was handed (`km=`) running unless
     told `cleanup_kc=True`, and a suite of notebooks would otherwise keep every kernel's memory until it exits.
+    After the last cell, one more cell (removed again) asks the kernel which files it imported, and the project's
+    among them are recorded in `notebook.metadata["mlops"]` (see `record_code`).
     """
     notebook = nbformat.read(path, as_version=4)
+    probe = nbformat.v4.new_code_cell(IMPORTED_FILES_SNIPPET)
+    notebook.cells.append(probe)
     manager = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     client = NotebookClient(notebook, km=manager, timeout=cell_timeout_s, record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
@@ -39,7 +103,14 @@ def execute(path: Path, cell_timeout_s: int = CELL_TIMEOUT_S) -> tuple[nbformat.
     finally:
         if manager.has_kernel:  # the kernel started but nbclient's own clean-up did not run or did not finish
             manager.shutdown_kernel(now=True)
-    return notebook, time.perf_counter() - started
+        notebook.cells = [cell for cell in notebook.cells if cell is not probe]
+    seconds = time.perf_counter() - started
+    printed = "".join(output.text for output in probe.outputs
+                      if output.output_type == "stream" and output.name == "stdout")
+    [imported] = [line.removeprefix(IMPORTED_FILES_MARKER) for line in printed.splitlines()
+                  if line.startswith(IMPORTED_FILES_MARKER)]
+    record_code(notebook, json.loads(imported), path)
+    return notebook, seconds
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -294,6 +294,7 @@ def test_an_inconclusive_window_then_a_conclusive_one_moves_on(tmp_path):
     verifier = ScriptedVerifier(inconclusive_at=[50, 50, 100, 100])
     record = fleet.controller(verifier, max_inconclusive=3).start(2)
     assert verifier.windows == [0, 50, 50, 50, 100, 100, 100] and record["outcome"] == "promoted"
+    assert record["inconclusive"] == 0, "the count of inconclusive windows in a row ends with the conclusive one"
 
 
 def test_inconclusive_windows_can_pause_the_rollout_instead(tmp_path):

@@ -447,10 +447,10 @@ class Controller:
                                "run the same command again to resume.")
         message = f"{outcome.replace('_', ' ')}: {describe_served(served)}"
         if outcome == "rolled_back":
-            message += f" ({s.get('reason', '')})"
+            message += f" ({s['reason']})"
         record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()), "served": served,
-                  "events": [*s.get("events", []), {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
-                                                    "message": message}]}
+                  "events": [*s["events"], {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
+                                            "message": message}]}
         self._commit(None, finished=record)
         self.log(message)
         self._write_report(record)

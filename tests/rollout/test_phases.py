@@ -705,7 +705,18 @@ def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
     fleet.backend.weight = 0
     record = fleet.controller().start(2)
     assert record["outcome"] == "promoted" and record["served"] == PROMOTED
-    assert record["finished_at"] == "2027-01-15T08:00:00Z" and record["phase"] == "done"
+    assert record["finished_at"] == record["events"][-1]["at"] == "2027-01-15T08:00:00Z" and record["phase"] == "done"
+    # And a rollback's end the same way: in words, with no underscore.
+    fleet = Fleet(tmp_path / "rolled-back")
+    fleet.stop_at = next(i for i, e in enumerate(events_of("failed at 50%", tmp_path / "y"))
+                         if e[:2] == ("write", "rollback_canary_label"))
+    with pytest.raises(Stop):
+        failed_at_50(fleet)
+    fleet.stop_at = None
+    fleet.backend.weight = 5
+    with pytest.raises(RolloutError, match=r"^the backend does not show the rolled back state \(.*5% of the traffic on "
+                                           r"the canary; wanted .*0% of the traffic on the canary\)"):
+        fleet.controller().rollback()
 
 
 def test_a_rollback_recorded_before_the_candidate_reached_the_stable_servers_leaves_them_alone(tmp_path):

@@ -841,3 +841,23 @@ def test_a_paused_rollout_says_how_to_go_on(tmp_path):
         "PAUSED at 0% canary traffic (1 inconclusive windows in a row at 0%: no metrics from the canary server(s) "
         "canary-0 (failed scrape)); fix what keeps the figures from being trusted, then run `mlops rollout start "
         "--version 2` to verify again, or `mlops rollout rollback`")
+
+
+def test_what_is_served_is_described_with_every_label_or_none():
+    from serving.rollout.controller import describe_served
+
+    served = {"stable": {"versions": [1, 2], "labels": {"stable": 1, "canary": 2}},
+              "canary": {"versions": [3], "labels": {}}, "canary_weight": 5}
+    assert describe_served(served) == ("the stable track serves [1, 2] (canary -> 2, stable -> 1) and the canary track "
+                                       "serves [3] (no label), 5% of the traffic on the canary")
+
+
+def test_a_rollback_on_one_version_servers_waits_for_the_previous_version_then_stops(tmp_path):
+    fleet = Fleet(tmp_path, OneVersionBackend)
+    fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    fleet.backend.failing["stable"][1] = "disk full"
+    with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(failed: "
+                                           r"stable-0: disk full\)"):
+        fleet.controller().rollback()
+    fleet.backend.failing["stable"].clear()
+    assert fleet.controller().rollback()["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE

@@ -108,7 +108,7 @@ class ConfigMapStateStore(StateStore):
             try:
                 if config_map is None:
                     self.core.create_namespaced_config_map(self.namespace, client.V1ConfigMap(
-                        metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), data={self.key: text}))
+                        metadata=client.V1ObjectMeta(name=self.name), data={self.key: text}))  # namespace: the URL's
                 else:
                     config_map.data = {**(config_map.data or {}), self.key: text}
                     self.core.replace_namespaced_config_map(self.name, self.namespace, config_map)
@@ -161,8 +161,8 @@ class Lease:
         return client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.duration_s,
                                   acquire_time=acquire_time, renew_time=self.clock(), lease_transitions=transitions)
 
-    def _try_acquire(self) -> tuple[bool, str, float]:
-        """(acquired, holder, seconds held) for one attempt."""
+    def _try_acquire(self) -> tuple[str, float] | None:
+        """One attempt: None once this controller holds the Lease, else (its holder, seconds they have held it)."""
         now = self.clock()
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
@@ -170,14 +170,13 @@ class Lease:
             if e.status != 404:
                 raise BackendError(f"reading Lease {self.namespace}/{self.name} failed: {e.status} "
                                    f"{e.reason}") from None
-            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                                  spec=self._spec(now, 0))
+            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name), spec=self._spec(now, 0))
             try:
                 self._held = self.api.create_namespaced_lease(self.namespace, body)
-                return True, self.identity, 0.0
+                return None
             except ApiException as e:
                 if e.status == 409:  # created by another controller meanwhile
-                    return False, "another controller", 0.0
+                    return "another controller", 0.0
                 raise BackendError(f"creating Lease {self.namespace}/{self.name} failed: {e.status} "
                                    f"{e.reason}") from None
         spec = lease.spec
@@ -186,28 +185,26 @@ class Lease:
         held_by_other = bool(spec.holder_identity) and spec.holder_identity != self.identity
         if held_by_other and renewed is not None and (now - renewed).total_seconds() < duration:
             acquired = _parse_time(spec.acquire_time) or renewed
-            return False, f"{spec.holder_identity}, renewed {(now - renewed).total_seconds():.0f}s ago", (
+            return f"{spec.holder_identity}, renewed {(now - renewed).total_seconds():.0f}s ago", (
                 now - acquired).total_seconds()
         lease.spec = self._spec(now, (spec.lease_transitions or 0) + (1 if held_by_other else 0))
         try:
             self._held = self.api.replace_namespaced_lease(self.name, self.namespace, lease)
-            return True, self.identity, 0.0
+            return None
         except ApiException as e:
             if e.status == 409:
-                return False, "another controller", 0.0
+                return "another controller", 0.0
             raise BackendError(f"taking Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
 
     def acquire(self, wait_s: float) -> Holding:
         deadline = time.monotonic() + wait_s
-        while True:
-            acquired, holder, held_s = self._try_acquire()
-            if acquired:
-                break
+        while (busy := self._try_acquire()) is not None:
+            holder, held_s = busy
             if time.monotonic() >= deadline:
                 raise ControllerBusyError(busy_message(f"Lease {self.namespace}/{self.name}: {holder}", held_s,
                                                        wait_s))
             time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
-        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._renew_loop, daemon=True)  # never keeps the process alive
         self._thread.start()
         return self.holding
 

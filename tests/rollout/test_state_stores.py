@@ -13,7 +13,7 @@ from kubernetes import client
 
 from serving.rollout import kube
 from serving.rollout.backends import BackendError
-from serving.rollout.kube import CONFLICT_RETRIES, ConfigMapStateStore, Lease, api_client
+from serving.rollout.kube import CONFLICT_RETRIES, ConfigMapStateStore, Lease, _parse_time, api_client
 from serving.rollout.state import ControllerBusyError, LocalStateStore, StateConflictError
 from tests.rollout.fake_apiserver import FakeApiServer
 
@@ -282,7 +282,8 @@ def test_the_lease_reports_api_failures_and_a_create_race(api):
     with pytest.raises(BackendError, match=rf"^creating {where} failed: 403 Forbidden$"):
         lease(api_client_, 30).acquire(0)
     fake.fail("POST", "Lease", 409)  # another controller created it between our read and create
-    with pytest.raises(ControllerBusyError, match=rf"^another rollout controller \({where}: another controller\)"):
+    with pytest.raises(ControllerBusyError, match=rf"^another rollout controller \({where}: another controller\) has "
+                                                  r"held this model's rollout for 0s"):
         lease(api_client_, 30).acquire(0)
     holder = lease(api_client_, 30)
     holder.acquire(0)
@@ -337,3 +338,31 @@ def test_waiting_for_a_held_lease_tries_again_every_second_until_the_wait_ends(a
     reads = sum(1 for method, path in fake.requests if method == "GET" and "/leases/" in path) - reads_before
     assert reads == 4 + 2
     holder.release()
+
+
+def test_a_lease_records_when_it_was_acquired_and_how_often_it_changed_hands(api):
+    fake, api_client_ = api
+    import datetime
+
+    start = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+    now = [start]
+    first = lease(api_client_, 10, clock=lambda: now[0])
+    first.acquire(0)
+    assert first._thread.daemon, "the renewal thread never keeps the process alive"
+    first._stop.set()
+    spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
+    assert (spec["holderIdentity"], spec["leaseDurationSeconds"], spec["leaseTransitions"]) == (first.identity, 10, 0)
+    assert _parse_time(spec["acquireTime"]) == _parse_time(spec["renewTime"]) == start
+    now[0] += datetime.timedelta(seconds=5)
+    first.renew()
+    now[0] += datetime.timedelta(seconds=3)
+    with pytest.raises(ControllerBusyError, match=r"renewed 3s ago\) has held this model's rollout for 8s"):
+        lease(api_client_, 10, clock=lambda: now[0]).acquire(0)
+    for transitions in (1, 2):  # each expired holder taken over in turn
+        now[0] += datetime.timedelta(seconds=11)
+        taker = lease(api_client_, 10, clock=lambda: now[0])
+        taker.acquire(0)
+        taker._stop.set()
+        spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
+        assert spec["holderIdentity"] == taker.identity and spec["leaseTransitions"] == transitions
+        assert _parse_time(spec["acquireTime"]) == now[0]

@@ -114,8 +114,8 @@ class Controller:
         if self._holding is not None and self._holding.lost:
             raise StateConflictError(f"this controller lost its lease ({self._holding.lost}); nothing was recorded; "
                                      "see `mlops rollout status`.")
-        if current is not None and event is not None:
-            current = {**current, "events": [*current.get("events", []), {"at": _stamp(_now()), **event}]}
+        if event is not None:
+            current = {**current, "events": [*current["events"], {"at": _stamp(_now()), **event}]}
         document = {**self._document, "current": current}
         if finished is not None:
             # Older outcomes live on in their reports; the state document stays small (a ConfigMap holds 1 MiB).
@@ -167,8 +167,9 @@ class Controller:
                 self.log(f"resuming the rollout of version {candidate} at phase {current['phase']}")
                 if current.get("paused"):
                     resumed = {k: v for k, v in current.items() if k != "paused"}
+                    # (The pause reset the count of inconclusive windows.)
                     current = self._advance(resumed, current["phase"], "resuming the paused rollout: verifying "
-                                            "again", inconclusive=0)
+                                            "again")
             state = self._run(current)
         return self._after_retain(state, wait_retain)
 
@@ -221,7 +222,7 @@ class Controller:
         with self._exclusive():
             self._read()
             self._changed_meanwhile(state)
-            return self._run(self._document["current"], retire_now=True)
+            return self._run(self._document["current"])  # its kept time is over: _retain retires it
 
     def _changed_meanwhile(self, state: dict[str, Any]) -> None:
         latest = self.document().get("current")

@@ -65,12 +65,12 @@ class Fleet:
             raise Stop(f"stopped after event {index}: {kind} {what}")
 
     def controller(self, verifier: ScriptedVerifier | None = None, store=None, keep_previous_s: float = 0.0,
-                   **options) -> Controller:
+                   log: Callable[[str], None] = lambda _: None, **options) -> Controller:
         # Another process's controller: its own store object on the same state folder, the same servers.
         backend = self.backend if store is None else _OtherProcess(self.backend, store)
         verifier = verifier or ScriptedVerifier()
         return Controller(backend, MODEL, [50, 100], lambda: verifier, load_timeout_s=0.2,
-                          keep_previous_s=keep_previous_s, poll_s=0.01, log=lambda _: None, sleep=_sleep,
+                          keep_previous_s=keep_previous_s, poll_s=0.01, log=log, sleep=_sleep,
                           **options)
 
 
@@ -508,6 +508,7 @@ def test_each_rollout_records_every_phase_it_went_through_and_why(tmp_path, scen
     SCENARIOS[scenario][0](fleet)
     [record] = fleet.store.load()[0]["history"]
     assert [(e["phase"], e["next"], e["message"]) for e in record["events"]] == TRANSCRIPTS[scenario]
+    assert {e["at"] for e in record["events"]} == {"2027-01-15T08:00:00Z"}, "each event at its time (a fake clock)"
     assert fleet.backend.refused_labels == []
 
 
@@ -682,8 +683,11 @@ def test_a_rollout_moved_by_another_command_while_waiting_for_servers_stops_ther
             moved.append(True)
 
     monkeypatch.setattr(sys.modules[__name__], "_sleep", sleep_while_another_command_rolls_back)
-    with pytest.raises(StateConflictError, match="the rollout state changed since this controller read it"):
+    with pytest.raises(StateConflictError) as stopped:
         fleet.controller().start(2)
+    assert str(stopped.value) == ("the rollout state changed since this controller read it (another command moved or "
+                                  "ended the rollout); it stopped without touching traffic; see `mlops rollout "
+                                  "status`.")
     assert moved and fleet.backend.configs["canary"] == ([1, 2], {"canary": 1}), "nothing written after the move"
 
 
@@ -861,3 +865,99 @@ def test_a_rollback_on_one_version_servers_waits_for_the_previous_version_then_s
         fleet.controller().rollback()
     fleet.backend.failing["stable"].clear()
     assert fleet.controller().rollback()["outcome"] == "rolled_back" and fleet.backend.served() == BEFORE
+
+
+
+class LosingStore(HookedStore):
+    """A store whose lock (the Lease) is lost at `lose()`, as a renewal that found another holder marks it."""
+
+    def __init__(self, base_dir) -> None:
+        super().__init__(base_dir)
+        self.holding = Holding()
+
+    @contextlib.contextmanager
+    def exclusive(self, wait_s: float = 0.0):
+        yield self.holding
+
+    def lose(self) -> None:
+        self.holding.lost = "Lease mlops/rollout-tiny is held by other-7 now"
+
+
+@pytest.mark.parametrize("lost_after, message", [
+    ("commit", "this controller lost its lease (Lease mlops/rollout-tiny is held by other-7 now); it stopped without "
+               "touching traffic; see `mlops rollout status`."),
+    ("write", "this controller lost its lease (Lease mlops/rollout-tiny is held by other-7 now); nothing was recorded; "
+              "see `mlops rollout status`."),
+])
+def test_a_controller_that_lost_its_lease_stops_before_its_next_write(tmp_path, lost_after, message):
+    store = LosingStore(tmp_path)
+    backend = MemoryBackend(store)
+    controller = Controller(backend, MODEL, [50, 100], ScriptedVerifier, load_timeout_s=0.2, keep_previous_s=0,
+                            poll_s=0.01, log=lambda _: None, sleep=_sleep)
+    label_write = ("set_track", "canary", [2], {"canary": 2})
+    if lost_after == "commit":  # between a commit and the next phase's backend write
+        store.after_save = lambda doc: store.lose() if (doc["current"] or {}).get("phase") == "label" else None
+    else:  # between a backend write and its commit
+        backend.after_write = lambda write: store.lose() if write == label_write else None
+    with pytest.raises(StateConflictError) as stopped:
+        controller.start(2)
+    assert str(stopped.value) == message
+    written = [w for w in backend.writes if w[0] == "set_track"]
+    assert written[-1] == (("set_track", "canary", [1, 2], {"canary": 1}) if lost_after == "commit" else
+                           ("set_track", "canary", [2], {"canary": 2})), "nothing written after the lease was lost"
+    assert store.load()[0]["current"]["phase"] == "label"
+
+
+def test_a_state_file_without_a_history_gets_one(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.store.path.parent.mkdir(parents=True, exist_ok=True)
+    fleet.store.path.write_text('{"current": null}')  # written by hand, or by an older version
+    record = fleet.controller().start(2)
+    assert fleet.store.load()[0]["history"] == [record]
+
+
+def test_a_finished_rollout_run_again_says_so_and_how_to_retry_a_rolled_back_one(tmp_path):
+    logged: list[str] = []
+    fleet = Fleet(tmp_path)
+    reports = tmp_path / "reports"
+    record = fleet.controller(report_dir=str(reports)).start(2)
+    [page] = reports.glob("*.html")
+    page.write_text("kept")
+    assert fleet.controller(log=logged.append, report_dir=str(reports)).start(2) == record
+    assert logged == [f"the rollout of version 2 already finished at {record['finished_at']}: promoted"]
+    assert page.read_text() == "kept", "a report that is there is not written again"
+    fleet.controller(ScriptedVerifier(fail_at=(50,))).start(3)
+    logged.clear()
+    assert fleet.controller(log=logged.append).start(3)["outcome"] == "rolled_back"
+    assert logged == ["the rollout of version 3 already finished at 2027-01-15T08:00:00Z: rolled_back; pass --retry to "
+                      "roll it out again"]
+
+
+def test_a_new_rollout_retires_a_kept_version_first_and_refuses_while_another_is_under_way(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(keep_previous_s=600).start(2, wait_retain=False)
+    record = fleet.controller().start(3)
+    assert record["outcome"] == "promoted" and record["stable"] == 2
+    assert [h["outcome"] for h in fleet.store.load()[0]["history"]] == ["promoted", "promoted"]
+    assert fleet.backend.served()["stable"] == {"versions": [3], "labels": {"stable": 3}}
+    fleet.controller(ScriptedVerifier(inconclusive_at=[50]), max_inconclusive=1, on_inconclusive="pause").start(4)
+    with pytest.raises(RolloutError) as refused:
+        fleet.controller().start(5)
+    assert str(refused.value) == ("a rollout of version 4 is in progress (phase verify); finish it with `mlops rollout "
+                                  "start --version 4`, or `mlops rollout promote` / `rollback` first.")
+
+
+def test_a_paused_rollout_resumes_with_a_fresh_count_of_inconclusive_windows(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(ScriptedVerifier(inconclusive_at=[50, 50]), max_inconclusive=2, on_inconclusive="pause").start(2)
+    verifier = ScriptedVerifier(inconclusive_at=[50])
+    record = fleet.controller(verifier, max_inconclusive=2, on_inconclusive="pause").start(2)
+    assert record["outcome"] == "promoted" and verifier.windows == [50, 50, 100]
+    assert ("verify", "verify", "resuming the paused rollout: verifying again") in [
+        (e["phase"], e["next"], e["message"]) for e in record["events"]]
+
+
+def test_a_kept_version_not_waited_for_says_how_long_it_stays(tmp_path):
+    logged: list[str] = []
+    Fleet(tmp_path).controller(keep_previous_s=600, log=logged.append).start(2, wait_retain=False)
+    assert logged[-1] == "version 1 stays loaded for 600s more; the next rollout command after that retires it"

@@ -122,6 +122,17 @@ def _cases():
                     yield pytest.param(scenario, index, then, id=f"{scenario}-{index}-{kind}-{phase or what}-{then}")
 
 
+def stop_after(fleet: Fleet, scenario: str, kind: str, phase: str) -> None:
+    """Runs `scenario` on `fleet` and stops it right after its first `kind` event ("commit" recording `phase`, or a
+    backend "write" made in `phase`), as a SIGKILL there would."""
+    events = events_of(scenario, fleet.folder / "uninterrupted")
+    fleet.stop_at = next(i for i, e in enumerate(events)
+                         if (e == ("commit", "", phase) if kind == "commit" else e[:2] == ("write", phase)))
+    with pytest.raises(Stop):
+        SCENARIOS[scenario][0](fleet)
+    fleet.stop_at = None
+
+
 def test_an_uninterrupted_promotion_writes_each_phase_once(tmp_path):
     events = events_of("promoted", tmp_path)
     assert [(kind, phase, what) for kind, phase, what in events] == [
@@ -453,52 +464,44 @@ def test_a_candidate_not_available_or_unpublished_at_a_step_is_rolled_back(tmp_p
 
 # What each rollout records, step by step
 
-TRANSCRIPTS = {
-    "promoted": [
-        ("start", "load", "rollout of version 2 over stable 1 started"),
-        ("load", "label", "version 2 is AVAILABLE on every canary server"),
-        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
-        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
+STARTED = [
+    ("start", "load", "rollout of version 2 over stable 1 started"),
+    ("load", "label", "version 2 is AVAILABLE on every canary server"),
+    ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
+    ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%")]
+
+
+def promotion(kept_until: str) -> list[tuple[str, str, str]]:
+    return [
         ("verify", "verify", "verified at 50%; the canary's share of the traffic moves to 100%"),
         ("verify", "promote_load", "verified at 100%: promoting version 2"),
         ("promote_load", "promote_label", "version 2 is AVAILABLE on every stable server"),
         ("promote_label", "promote_route", "label stable -> 2; version 1 stays loaded"),
-        ("promote_route", "retain", "all traffic on the stable servers, now version 2; version 1 stays loaded until "
-                                    "2027-01-15T08:00:00Z for an instant rollback"),
-        ("retain", "done", "promoted: the stable track serves [2] (stable -> 2) and the canary track serves [2] "
-                           "(canary -> 2), 0% of the traffic on the canary")],
-    "failed at 50%": [
-        ("start", "load", "rollout of version 2 over stable 1 started"),
-        ("load", "label", "version 2 is AVAILABLE on every canary server"),
-        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
-        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
-        ("verify", "rollback_route", "ROLLING BACK version 2: verification at 50% failed: error rate 0.5 > "
-                                     "rollout.max_error_rate 0.01 at 50%"),
+        ("promote_route", "retain", f"all traffic on the stable servers, now version 2; version 1 stays loaded until "
+                                    f"{kept_until} for an instant rollback")]
+
+
+def rolled_back(reason: str) -> list[tuple[str, str, str]]:
+    return [
         ("rollback_route", "rollback_canary_load", "all traffic on the stable servers"),
         ("rollback_canary_load", "rollback_canary_label", "version 1 is AVAILABLE on every canary server"),
         ("rollback_canary_label", "done", "rolled back: the stable track serves [1] (stable -> 1) and the canary "
                                           "track serves [1] (canary -> 1), 0% of the traffic on the canary "
-                                          "(verification at 50% failed: error rate 0.5 > rollout.max_error_rate 0.01 "
-                                          "at 50%)")],
-    "rolled back after promotion": [
-        ("start", "load", "rollout of version 2 over stable 1 started"),
-        ("load", "label", "version 2 is AVAILABLE on every canary server"),
-        ("label", "verify", "label canary -> 2 on every canary server (version 1 unloaded there)"),
-        ("verify", "verify", "verified at 0%; the canary's share of the traffic moves to 50%"),
-        ("verify", "verify", "verified at 50%; the canary's share of the traffic moves to 100%"),
-        ("verify", "promote_load", "verified at 100%: promoting version 2"),
-        ("promote_load", "promote_label", "version 2 is AVAILABLE on every stable server"),
-        ("promote_label", "promote_route", "label stable -> 2; version 1 stays loaded"),
-        ("promote_route", "retain", "all traffic on the stable servers, now version 2; version 1 stays loaded until "
-                                    "2027-01-15T08:10:00Z for an instant rollback"),
+                                          f"({reason})")]
+
+
+FAILED_AT_50 = "verification at 50% failed: error rate 0.5 > rollout.max_error_rate 0.01 at 50%"
+TRANSCRIPTS = {
+    "promoted": STARTED + promotion("2027-01-15T08:00:00Z") + [
+        ("retain", "done", "promoted: the stable track serves [2] (stable -> 2) and the canary track serves [2] "
+                           "(canary -> 2), 0% of the traffic on the canary")],
+    "failed at 50%": STARTED + [("verify", "rollback_route", f"ROLLING BACK version 2: {FAILED_AT_50}")]
+    + rolled_back(FAILED_AT_50),
+    "rolled back after promotion": STARTED + promotion("2027-01-15T08:10:00Z") + [
         ("retain", "revert_label", "ROLLING BACK version 2: asked for by hand"),
         ("revert_label", "revert_unload", "label stable -> 1 again (it was still loaded)"),
-        ("revert_unload", "rollback_route", "version 2 unloaded from the stable servers"),
-        ("rollback_route", "rollback_canary_load", "all traffic on the stable servers"),
-        ("rollback_canary_load", "rollback_canary_label", "version 1 is AVAILABLE on every canary server"),
-        ("rollback_canary_label", "done", "rolled back: the stable track serves [1] (stable -> 1) and the canary "
-                                          "track serves [1] (canary -> 1), 0% of the traffic on the canary (asked for "
-                                          "by hand)")],
+        ("revert_unload", "rollback_route", "version 2 unloaded from the stable servers")]
+    + rolled_back("asked for by hand"),
 }
 
 
@@ -557,10 +560,7 @@ def test_a_backend_serving_one_version_per_server_rolls_out_and_back_from_every_
 @pytest.mark.parametrize("phase", ["load", "label"])
 def test_promotion_by_hand_before_verification_still_brings_the_canary_servers_to_the_candidate(tmp_path, phase):
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e == ("commit", "", phase))
-    with pytest.raises(Stop):
-        promoted(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "promoted", "commit", phase)
     verifier = ScriptedVerifier()
     record = fleet.controller(verifier).promote()
     assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED and record["manual"] is True
@@ -587,10 +587,7 @@ def test_promotion_by_hand_waits_out_the_kept_time_by_default(tmp_path):
 def test_a_rollback_whose_servers_do_not_follow_stops_and_resumes_when_they_do(tmp_path, scenario, phase, track):
     """A rollback has nowhere else to go: it waits for the servers, then stops with a sentence, never half-done."""
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of(scenario, tmp_path / "x")) if e == ("commit", "", phase))
-    with pytest.raises(Stop):
-        SCENARIOS[scenario][0](fleet)
-    fleet.stop_at = None
+    stop_after(fleet, scenario, "commit", phase)
     fleet.backend.failing[track][1] = "disk full"
     with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(.*\); "
                                            r"fix them and run the same command again to resume.$"):
@@ -602,10 +599,7 @@ def test_a_rollback_whose_servers_do_not_follow_stops_and_resumes_when_they_do(t
 
 def test_a_rollback_after_the_previous_version_was_retired_loads_it_before_labelling_it(tmp_path):
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
-    with pytest.raises(Stop):
-        promoted(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "promoted", "write", "retain")
     assert fleet.backend.configs["stable"] == ([2], {"stable": 2}), "retired, the outcome not recorded yet"
     written = len(fleet.backend.writes)
     record = fleet.controller().rollback()
@@ -693,10 +687,7 @@ def test_a_rollout_moved_by_another_command_while_waiting_for_servers_stops_ther
 
 def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
-    with pytest.raises(Stop):
-        promoted(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "promoted", "write", "retain")
     fleet.backend.weight = 10  # someone moved the route by hand
     with pytest.raises(RolloutError) as refused:
         fleet.controller().start(2)
@@ -712,11 +703,7 @@ def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
     assert record["finished_at"] == record["events"][-1]["at"] == "2027-01-15T08:00:00Z" and record["phase"] == "done"
     # And a rollback's end the same way: in words, with no underscore.
     fleet = Fleet(tmp_path / "rolled-back")
-    fleet.stop_at = next(i for i, e in enumerate(events_of("failed at 50%", tmp_path / "y"))
-                         if e[:2] == ("write", "rollback_canary_label"))
-    with pytest.raises(Stop):
-        failed_at_50(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "failed at 50%", "write", "rollback_canary_label")
     fleet.backend.weight = 5
     with pytest.raises(RolloutError, match=r"^the backend does not show the rolled back state \(.*5% of the traffic on "
                                            r"the canary; wanted .*0% of the traffic on the canary\)"):
@@ -725,11 +712,7 @@ def test_an_outcome_is_recorded_only_when_the_backend_shows_it(tmp_path):
 
 def test_a_rollback_recorded_before_the_candidate_reached_the_stable_servers_leaves_them_alone(tmp_path):
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x"))
-                         if e == ("commit", "", "promote_load"))
-    with pytest.raises(Stop):
-        promoted(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "promoted", "commit", "promote_load")
     written = len(fleet.backend.writes)
     record = fleet.controller().rollback()
     assert [w for w in fleet.backend.writes[written:] if w[:2] == ("set_track", "stable")] == []
@@ -740,10 +723,7 @@ def test_a_rollback_recorded_before_the_candidate_reached_the_stable_servers_lea
 
 def test_a_retired_version_that_does_not_load_again_stops_the_rollback_until_it_does(tmp_path):
     fleet = Fleet(tmp_path)
-    fleet.stop_at = next(i for i, e in enumerate(events_of("promoted", tmp_path / "x")) if e[:2] == ("write", "retain"))
-    with pytest.raises(Stop):
-        promoted(fleet)
-    fleet.stop_at = None
+    stop_after(fleet, "promoted", "write", "retain")
     fleet.backend.failing["stable"][1] = "disk full"
     with pytest.raises(RolloutError, match=r"^the servers did not reach the state this step needs within 0s \(failed: "
                                            r"stable-0: disk full\)"):

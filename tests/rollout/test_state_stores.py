@@ -194,7 +194,8 @@ def test_a_takeover_or_a_renewal_that_meets_another_writer_does_not_hold_the_lea
     stalled._stop.set()
     now[0] += datetime.timedelta(seconds=11)
     fake.conflict_once("Lease", "rollout-tiny")  # a third controller takes it first
-    with pytest.raises(ControllerBusyError, match="rollout-tiny: another controller"):
+    with pytest.raises(ControllerBusyError, match=r"rollout-tiny: another controller\) has held this model's rollout "
+                                                  r"for 0s"):
         newcomer.acquire(0)
     holder = lease(api_client_, 10, clock=lambda: now[0])
     holder.acquire(0)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.rollout.backends import ServerView
+from serving.rollout.backends import BackendError, ServerView
 from serving.rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
 from serving.rollout.state import ControllerBusyError, Holding, StateConflictError
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, OneVersionBackend, ScriptedVerifier, Stop
@@ -941,3 +941,68 @@ def test_a_kept_version_not_waited_for_says_how_long_it_stays(tmp_path):
     logged: list[str] = []
     Fleet(tmp_path).controller(keep_previous_s=600, log=logged.append).start(2, wait_retain=False)
     assert logged[-1] == "version 1 stays loaded for 600s more; the next rollout command after that retires it"
+
+
+def test_a_new_rollout_records_what_it_starts_from_and_refuses_what_it_cannot_roll_out(tmp_path):
+    fleet = Fleet(tmp_path)
+    state = fleet.controller(ScriptedVerifier(inconclusive_at=[0]), max_inconclusive=1, on_inconclusive="pause",
+                             limits={"max_error_rate": 0.01}).start(2)
+    assert len(state["id"]) == 12 and int(state["id"], 16) >= 0
+    assert {k: state[k] for k in ("model", "backend", "stable", "candidate", "steps", "step", "started_at",
+                                  "limits")} == {
+        "model": "tiny", "backend": "memory", "stable": 1, "candidate": 2, "steps": [50, 100], "step": 0,
+        "started_at": "2027-01-15T08:00:00Z", "limits": {"max_error_rate": 0.01}}
+    assert state["events"][0] == {"at": "2027-01-15T08:00:00Z", "phase": "start", "next": "load",
+                                  "message": "rollout of version 2 over stable 1 started"}
+    fleet.controller().rollback()
+    assert "limits" not in fleet.controller().start(3), "no limits given, none recorded"
+    with pytest.raises(RolloutError, match=r"^version 3 is already the stable version of 'tiny'.$"):
+        fleet.controller().start(3, retry=True)
+    written = list(fleet.backend.writes)
+    with pytest.raises(BackendError, match=r"^version 7 of 'tiny' is not published.$"):
+        fleet.controller().start(7)
+    assert fleet.backend.writes == written and fleet.store.load()[0]["current"] is None, "nothing started"
+    empty = Fleet(tmp_path / "no-stable")
+    empty.backend.configs["stable"] = ([], {})
+    with pytest.raises(RolloutError, match=r"^no version of 'tiny' is labelled stable yet; publish one first \(the "
+                                           r"first published version serves as stable\).$"):
+        empty.controller().start(2)
+
+
+def test_a_rolled_back_version_is_rolled_out_again_only_when_asked_to(tmp_path):
+    fleet = Fleet(tmp_path)
+    fleet.controller(ScriptedVerifier(fail_at=(50,))).start(2)
+    assert fleet.controller().start(2)["outcome"] == "rolled_back", "the recorded outcome, nothing run"
+    record = fleet.controller().start(2, retry=True)
+    assert record["outcome"] == "promoted" and fleet.backend.served() == PROMOTED
+    assert [h["outcome"] for h in fleet.store.load()[0]["history"]] == ["rolled_back", "promoted"]
+
+
+def test_servers_that_load_after_a_few_polls_are_waited_for(tmp_path):
+    fleet = Fleet(tmp_path)
+    polls = []
+    original = fleet.backend.version_views
+
+    def loading_for_three_polls(model: str, track: str, version: int) -> list[ServerView]:
+        if track == "canary" and version == 2 and len(polls) < 3:
+            polls.append(version)
+            return [ServerView("canary-0", "LOADING"), ServerView("canary-1", "LOADING")]
+        return original(model, track, version)
+
+    fleet.backend.version_views = loading_for_three_polls
+    started = CLOCK[0]
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "promoted" and len(polls) == 3
+    assert CLOCK[0] - started == pytest.approx(0.03), "one poll_s between polls"
+
+
+def test_every_server_that_failed_or_is_still_waited_for_is_named(tmp_path):
+    fleet = Fleet(tmp_path)
+    _views_in_phase(fleet, "load", "canary", [ServerView("canary-0", "END", "boom"), ServerView("canary-1", "END",
+                                                                                                "out of memory")])
+    assert fleet.controller().start(2)["reason"] == ("version 2 did not load on the canary servers: canary-0: boom; "
+                                                     "canary-1: out of memory")
+    fleet = Fleet(tmp_path / "waiting")
+    _views_in_phase(fleet, "load", "canary", [ServerView("canary-0", "LOADING"), ServerView("canary-1", "NOT_FOUND")])
+    assert fleet.controller().start(2)["reason"] == ("version 2 did not load on the canary servers: not AVAILABLE "
+                                                     "after 0s (canary-0 LOADING, canary-1 NOT_FOUND)")

@@ -318,9 +318,11 @@ def test_inconclusive_windows_can_pause_the_rollout_instead(tmp_path):
 def test_a_downgrade_needs_to_be_asked_for(tmp_path):
     fleet = Fleet(tmp_path)
     fleet.backend.configs.update(stable=([3], {"stable": 3}), canary=([3], {"canary": 3}))
-    with pytest.raises(RolloutError, match="version 2 is older than the stable version 3 of 'tiny'; pass "
-                                           "--allow-downgrade"):
+    with pytest.raises(RolloutError) as refused:
         fleet.controller().start(2)
+    assert str(refused.value) == ("version 2 is older than the stable version 3 of 'tiny'; pass --allow-downgrade to "
+                                  "roll it back in (while both are loaded, unversioned requests go to the higher "
+                                  "version).")
     assert fleet.store.load()[0]["current"] is None and fleet.backend.writes == []
     assert fleet.controller().start(2, allow_downgrade=True)["outcome"] == "promoted"
 

@@ -167,7 +167,7 @@ class Controller:
                 self.log(f"resuming the rollout of version {candidate} at phase {current['phase']}")
                 if current.get("paused"):
                     resumed = {k: v for k, v in current.items() if k != "paused"}
-                    # (The pause reset the count of inconclusive windows.)
+                    # The count of inconclusive windows needs no reset here: the pause reset it.
                     current = self._advance(resumed, current["phase"], "resuming the paused rollout: verifying "
                                             "again")
             state = self._run(current)
@@ -376,7 +376,7 @@ class Controller:
     def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
         # Where the rollback starts follows what the backend shows, not the phase: a controller stopped right after
         # writing a promotion phase's config left the candidate on the stable track before recording it, and one
-        # stopped right after recording promote_load had not loaded it there yet. (A label names a loaded version.)
+        # stopped right after recording promote_load had not loaded it there yet (a label names a loaded version).
         C = s["candidate"]
         phase = "revert_label" if C in self.backend.track_config(self.model, STABLE)[0] else "rollback_route"
         _, canary_labels = self.backend.track_config(self.model, CANARY)

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.specs import DATA_KEY, LABEL_KEY, TRANSFORM_KEY
-from pipeline.config import DataConfig, LabelConfig, TransformConfig, read_section
+from pipeline.config import (
+    DATETIME_ID_PARTS,
+    DataConfig,
+    LabelConfig,
+    TransformConfig,
+    datetime_fields,
+    datetime_parts,
+    read_section,
+)
 
 
 def transformed_name(key: str) -> str:
@@ -45,8 +53,27 @@ class FeatureLayout:
         return list(self.data.category_features)
 
     @property
+    def datetime(self) -> dict[str, str]:
+        """Date and timestamp columns and their formats."""
+        return dict(self.data.datetime_features)
+
+    def datetime_parts(self, column: str) -> list[str]:
+        """The features derived from a date or timestamp column: year, month, day_of_week (and hour)."""
+        return datetime_parts(datetime_fields(self.data.datetime_features[column]))
+
+    @property
+    def model_numeric(self) -> list[str]:
+        """Every feature the model takes as a number: the numeric columns and each date's year."""
+        return self.numeric + [f"{column}_year" for column in self.datetime]
+
+    def datetime_cardinalities(self) -> dict[str, int]:
+        """The ids a date's month, day of week and hour take: one per value, and one more for missing."""
+        return {transformed_name(f"{column}_{part}"): DATETIME_ID_PARTS[part] + 1
+                for column in self.datetime for part in self.datetime_parts(column) if part in DATETIME_ID_PARTS}
+
+    @property
     def raw_features(self) -> list[str]:
-        return self.numeric + self.bucket + self.vocab + self.category
+        return self.numeric + self.bucket + self.vocab + self.category + list(self.datetime)
 
     @property
     def label_key(self) -> str:

@@ -110,6 +110,7 @@ def categorical_cardinalities(layout: FeatureLayout, tft_output: tft.TFTransform
     """Number of distinct ids each categorical input can take (vocabulary + OOV, buckets + missing, or a category's
     0 to its largest id + out of range)."""
     sizes = {transformed_name(k): layout.transform.bucket_count + 1 for k in layout.bucket}
+    sizes.update(layout.datetime_cardinalities())
     for key in layout.vocab:
         sizes[transformed_name(key)] = tft_output.vocabulary_size_by_name(key) + layout.transform.oov_buckets
     if layout.category:
@@ -468,8 +469,8 @@ def run_fn(fn_args: FnArgs) -> None:
 
     with strategy.scope():
         model = build_model(
-            [transformed_name(k) for k in layout.numeric], categorical_cardinalities(layout, tft_output), training,
-            task,
+            [transformed_name(k) for k in layout.model_numeric], categorical_cardinalities(layout, tft_output),
+            training, task,
         )
     model.summary(print_fn=logging.info)
 

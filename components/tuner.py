@@ -35,7 +35,7 @@ def tuner_fn(fn_args: FnArgs) -> TunerFnResult:
     training = read_section(fn_args.custom_config, TRAINING_KEY, TrainingConfig)
     settings = read_section(fn_args.custom_config, TUNER_KEY, TunerConfig)
     tft_output = tft.TFTransformOutput(fn_args.transform_graph_path)
-    numeric = [transformed_name(k) for k in layout.numeric]
+    numeric = [transformed_name(k) for k in layout.model_numeric]
     cardinalities = categorical_cardinalities(layout, tft_output)
     task = task_from_transform(layout.label, tft_output)
     objective, direction = training_objective(task)

@@ -22,6 +22,43 @@ class ConfigError(ValueError):
     """A configuration a user wrote is wrong; the message says which key and what is allowed."""
 
 
+# The fields a date or timestamp format can name, as strptime writes them.
+DATETIME_DIRECTIVES = {"%Y": "year", "%m": "month", "%d": "day", "%H": "hour", "%M": "minute", "%S": "second"}
+# Seconds since 1970-01-01 00:00 UTC, in an integer column.
+EPOCH_FORMAT = "%s"
+# What the Transform graph derives from a date: the year as a number, the others as ids (one more for missing).
+DATETIME_ID_PARTS = {"month": 12, "day_of_week": 7, "hour": 24}
+
+
+def datetime_fields(fmt: str, key: str = "data.datetime_features") -> list[str]:
+    """The fields a format writes, in order (["epoch"] for %s). Any run of characters other than digits separates two
+    fields, so the format's own separators only document the data; fields beyond the ones it names are ignored."""
+    if fmt.strip() == EPOCH_FORMAT:
+        return ["epoch"]
+    pieces = re.split(r"(%.)", fmt)
+    fields = []
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0:
+            if re.search(r"[0-9]", piece) or (0 < i < len(pieces) - 1 and not piece):
+                raise ConfigError(f"{key} '{fmt}' must separate its fields with characters other than digits (as in "
+                                  "%Y-%m-%d %H:%M); fields written side by side, such as %Y%m%d, are not read.")
+            continue
+        if piece not in DATETIME_DIRECTIVES:
+            raise ConfigError(f"{key} '{fmt}' uses {piece}; a format is built from "
+                              f"{', '.join(DATETIME_DIRECTIVES)} (or is {EPOCH_FORMAT}, seconds since 1970).")
+        if DATETIME_DIRECTIVES[piece] in fields:
+            raise ConfigError(f"{key} '{fmt}' names {piece} twice; name each field once.")
+        fields.append(DATETIME_DIRECTIVES[piece])
+    if not {"year", "month", "day"} <= set(fields):
+        raise ConfigError(f"{key} '{fmt}' must name the year, the month and the day (%Y, %m and %d).")
+    return fields
+
+
+def datetime_parts(fields: list[str]) -> list[str]:
+    """The features derived from a date with these fields: year, month, day of week, and the hour when there is one."""
+    return ["year", "month", "day_of_week"] + (["hour"] if "hour" in fields or fields == ["epoch"] else [])
+
+
 @dataclass
 class DataConfig:
     # Folder of CSV files sharing one header; empty means the Chicago taxi sample inside the tfx wheel.
@@ -32,6 +69,9 @@ class DataConfig:
     # Integer columns whose values are the ids themselves (hours, weekdays, area codes): no vocabulary to compute;
     # 0 to the training split's largest value, and one more id for missing, negative or larger values.
     category_features: list[str] = field(default_factory=list)
+    # Date and timestamp columns, each with its format: the Transform graph derives <column>_year (a number),
+    # <column>_month, <column>_day_of_week and, when the format has %H, <column>_hour (ids); see datetime_fields.
+    datetime_features: dict[str, str] = field(default_factory=dict)
     # Cell values that mean "missing" besides the empty cell (which always does), in every column: e.g. [NA, "?"].
     # ExampleGen reads them as empty cells, so a numeric column with such markers stays numeric.
     missing_values: list[str] = field(default_factory=list)
@@ -547,7 +587,7 @@ class PipelineConfig:
     @property
     def features(self) -> list[str]:
         return (self.data.numeric_features + self.data.bucket_features + self.data.vocab_features
-                + self.data.category_features)
+                + self.data.category_features + list(self.data.datetime_features))
 
     @property
     def pipeline_root(self) -> str:
@@ -616,13 +656,19 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"a mapping of column names to {_type_name(typing.get_args(tp)[1])}"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
             type(None): "null"}.get(tp, str(tp))
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
-    if origin is Literal:
+    if origin is dict:
+        if isinstance(value, dict):
+            item_type = typing.get_args(tp)[1]
+            return {str(name): _coerce(item, item_type, f"{key}.{name}") for name, item in value.items()}
+    elif origin is Literal:
         if value in typing.get_args(tp):
             return value
     elif origin in (typing.Union, types.UnionType):
@@ -716,7 +762,11 @@ def _apply_override(tree: dict[str, Any], override: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override '{override}': '{part}' is not a section.")
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        # Text YAML cannot read as a value (a date format starting with %) is the string as typed.
+        node[parts[-1]] = raw
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> PipelineConfig:
@@ -747,18 +797,23 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
 def _validate(config: PipelineConfig) -> None:
     if not config.features:
         raise ConfigError("no features configured: set data.numeric_features, data.bucket_features, "
-                          "data.vocab_features or data.category_features.")
+                          "data.vocab_features, data.category_features or data.datetime_features.")
     if not config.label.column:
         raise ConfigError("label.column is empty: name the raw column the label is computed from.")
     if config.label.column in config.features:
         raise ConfigError(f"label.column '{config.label.column}' is also listed as a feature; remove it from data.*.")
     seen: dict[str, str] = {}
-    for group in ("numeric_features", "bucket_features", "vocab_features", "category_features"):
+    for group in ("numeric_features", "bucket_features", "vocab_features", "category_features", "datetime_features"):
         for name in getattr(config.data, group):
             if name in seen:
                 where = f"twice in data.{group}" if seen[name] == group else f"in data.{seen[name]} and data.{group}"
                 raise ConfigError(f"feature '{name}' is listed {where}; keep one.")
             seen[name] = group
+    for column, fmt in config.data.datetime_features.items():
+        for part in datetime_parts(datetime_fields(fmt, f"data.datetime_features.{column}")):
+            if f"{column}_{part}" in seen:
+                raise ConfigError(f"data.datetime_features.{column} derives the feature '{column}_{part}', which is "
+                                  f"also listed in data.{seen[f'{column}_{part}']}; rename or remove that column.")
     if config.evaluation.slice_feature and config.evaluation.slice_feature not in config.features:
         raise ConfigError(f"evaluation.slice_feature '{config.evaluation.slice_feature}' is not a feature.")
     _validate_task(config.label, config.evaluation)

@@ -12,6 +12,7 @@ answers: for a multiclass model the class names (the spec's `task.classes`) besi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
     from components.features import transformed_name
     from components.tasks import task_from_transform
     from components.transform import read_constants
+    from pipeline.config import DATETIME_ID_PARTS, datetime_fields
 
     tft_output = tft.TFTransformOutput(transform_output_dir)
     raw_spec = tft_output.raw_feature_spec()
@@ -68,6 +70,16 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
         (largest_id,) = constants(key)
         features.append({"name": key, "kind": "category", **raw_type(key), "max_id": int(largest_id),
                          "oov_id": int(largest_id) + 1})
+    for key, fmt in layout.datetime.items():
+        if raw_spec[key].dtype == tf.float32:
+            raise ValueError(f"date feature '{key}' is a float column; a timestamp in seconds must be an integer "
+                             "column, and a date text.")
+        fill, mean, std = constants(f"{key}_year")
+        parts = {"year": {"fill": fill, "mean": mean, "std": std}}
+        parts.update({part: {"missing_id": DATETIME_ID_PARTS[part]} for part in layout.datetime_parts(key)
+                      if part in DATETIME_ID_PARTS})
+        features.append({"name": key, "kind": "datetime", **raw_type(key), "fields": datetime_fields(fmt),
+                         "parts": parts})
     return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features,
             "task": task_from_transform(layout.label, tft_output).describe()}
 
@@ -117,10 +129,87 @@ def _as_text(values: np.ndarray, feature: dict[str, Any]) -> np.ndarray:
     return values
 
 
+# The digits a field may have (transform.FIELD_DIGITS) and the days of each month.
+FIELD_DIGITS = {"year": (4, 4), "month": (1, 2), "day": (1, 2), "hour": (1, 2)}
+MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+SECONDS_PER_DAY = 86400
+
+
+def _civil_days(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 (Howard Hinnant's days_from_civil, as transform.civil_days)."""
+    y = year - (month <= 2)
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * ((month + 9) % 12) + 2) // 5 + day - 1
+    return era * 146097 + year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year - 719468
+
+
+def _civil_from_days(days: int) -> tuple[int, int, int]:
+    z = days + 719468
+    era = z // 146097
+    day_of_era = z - era * 146097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36524 - day_of_era // 146096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
+def datetime_value(value: Any, fields: list[str]) -> tuple[tuple[int, int, int, int] | None, bool]:
+    """(year, month, day of week with Monday 0, hour) of one cell, or None when it is missing, and whether the hour
+    is present: transform.datetime_values for one value."""
+    if fields == ["epoch"]:
+        if value < 0:
+            return None, False
+        days, seconds = divmod(int(value), SECONDS_PER_DAY)
+        year, month, _ = _civil_from_days(days)
+        return (year, month, (days + 3) % 7, seconds // 3600), True
+    groups = re.sub(r"[^0-9]+", " ", value).strip().split(" ")
+    groups += [""] * (len(fields) - len(groups))
+    parsed = {}
+    for name, group in zip(fields, groups, strict=False):
+        if name in FIELD_DIGITS:
+            fewest, most = FIELD_DIGITS[name]
+            parsed[name] = int(group) if fewest <= len(group) <= most else None
+    year, month, day = parsed["year"], parsed["month"], parsed["day"]
+    if year is None or month is None or day is None or not 1 <= month <= 12:
+        return None, False
+    leap = (year % 4 == 0 and year % 100 != 0) or year % 400 == 0
+    if not 1 <= day <= MONTH_DAYS[month - 1] + (leap and month == 2):
+        return None, False
+    hour = parsed.get("hour")
+    hour_present = hour is not None and hour <= 23
+    return (year, month, (_civil_days(year, month, day) + 3) % 7, hour if hour_present else 0), hour_present
+
+
+def _datetime_outputs(values: np.ndarray, feature: dict[str, Any], suffix: str) -> dict[str, np.ndarray]:
+    parts = feature["parts"]
+    if feature["dtype"] == "int":
+        cells = [datetime_value(int(v), feature["fields"]) for v in values]
+    else:
+        cells = [datetime_value(v, feature["fields"]) for v in values]
+    year = parts["year"]
+    years = np.array([np.float32(date[0]) if date else np.float32(year["fill"]) for date, _ in cells],
+                     dtype=np.float32)
+    mean, std = np.float32(year["mean"]), np.float32(year["std"])
+    name = feature["name"]
+    outputs = {f"{name}_year{suffix}": (years - mean) / std if std > 0 else years - mean}
+    index = {"month": 1, "day_of_week": 2, "hour": 3}
+    for part, settings in parts.items():
+        if part == "year":
+            continue
+        missing = settings["missing_id"]
+        ids = [(date[index[part]] - (part == "month")) if date and (part != "hour" or has_hour) else missing
+               for date, has_hour in cells]
+        outputs[f"{name}_{part}{suffix}"] = np.array(ids, dtype=np.int32)
+    return outputs
+
+
 def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     """Transformed features for a batch of raw rows: `<name>_xf` arrays of shape [rows, 1], float32 for numeric
     features and int32 ids for buckets, vocabularies and categories (the dtypes the exported TFLite, ONNX and
-    TF.js take)."""
+    TF.js take); a date feature gives `<name>_year_xf` (float32) and the ids of its month, day of week and hour."""
     outputs = {}
     rows = None
     for feature in spec["features"]:
@@ -141,6 +230,10 @@ def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> di
             boundaries = np.array(feature["boundaries"], dtype=np.float32)
             ids = (filled[:, None] >= boundaries[None, :]).sum(axis=1)
             out = np.where(present, ids, feature["missing_id"]).astype(np.int32)
+        elif kind == "datetime":
+            for name, out in _datetime_outputs(values, feature, spec["output_suffix"]).items():
+                outputs[name] = out.reshape(-1, 1)
+            continue
         elif kind == "category":
             # Compared as int64 before the int32 cast, so a huge value is out of range instead of wrapping.
             out = np.where((values >= 0) & (values <= feature["max_id"]), values, feature["oov_id"]).astype(np.int32)

@@ -120,7 +120,7 @@ def run_optimizer(
 
     def build_student() -> tf.keras.Model:
         student_training = dataclasses.replace(training, hidden_units=list(options.distill.hidden_units))
-        return build_model([transformed_name(k) for k in layout.numeric],
+        return build_model([transformed_name(k) for k in layout.model_numeric],
                            categorical_cardinalities(layout, tft_output), student_training, task)
 
     try:

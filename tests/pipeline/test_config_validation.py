@@ -24,8 +24,8 @@ def test_training_counts_need_at_least_one(key):
     (["training.dropout=-0.01"], "training.dropout must be in [0, 1)."),
     (["training.hidden_units=[]"], "training.hidden_units must list at least one layer size."),
     (["data.numeric_features=[]", "data.bucket_features=[]", "data.vocab_features=[]", "data.category_features=[]"],
-     "no features configured: set data.numeric_features, data.bucket_features, data.vocab_features or "
-     "data.category_features."),
+     "no features configured: set data.numeric_features, data.bucket_features, data.vocab_features, "
+     "data.category_features or data.datetime_features."),
     (["label.column="], "label.column is empty: name the raw column the label is computed from."),
     (["label.column=fare"], "label.column 'fare' is also listed as a feature; remove it from data.*."),
     (["data.vocab_features=[company, fare]"],

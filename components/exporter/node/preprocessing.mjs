@@ -33,6 +33,84 @@ function asText(values, feature) {
   return values.map((v) => (feature.optional && v === -1 ? '' : String(v)));
 }
 
+// The digits a field may have and the days of each month (preprocessing.py's FIELD_DIGITS and MONTH_DAYS).
+const FIELD_DIGITS = { year: [4, 4], month: [1, 2], day: [1, 2], hour: [1, 2] };
+const MONTH_DAYS = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+const SECONDS_PER_DAY = 86400;
+const floorDiv = (a, b) => Math.floor(a / b);
+// Python's and TensorFlow's %: the remainder takes the sign of the divisor (days before 1970 are negative).
+const floorMod = (a, b) => ((a % b) + b) % b;
+
+// Days since 1970-01-01 (Howard Hinnant's days_from_civil, as transform.civil_days).
+function civilDays(year, month, day) {
+  const y = year - (month <= 2 ? 1 : 0);
+  const era = floorDiv(y, 400);
+  const yearOfEra = y - era * 400;
+  const dayOfYear = floorDiv(153 * ((month + 9) % 12) + 2, 5) + day - 1;
+  return era * 146097 + yearOfEra * 365 + floorDiv(yearOfEra, 4) - floorDiv(yearOfEra, 100) + dayOfYear - 719468;
+}
+
+function civilFromDays(days) {
+  const z = days + 719468;
+  const era = floorDiv(z, 146097);
+  const dayOfEra = z - era * 146097;
+  const yearOfEra = floorDiv(dayOfEra - floorDiv(dayOfEra, 1460) + floorDiv(dayOfEra, 36524) -
+    floorDiv(dayOfEra, 146096), 365);
+  const dayOfYear = dayOfEra - (365 * yearOfEra + floorDiv(yearOfEra, 4) - floorDiv(yearOfEra, 100));
+  const shiftedMonth = floorDiv(5 * dayOfYear + 2, 153);
+  const month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9;
+  return [yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month];
+}
+
+// [year, month, day of week (Monday 0), hour] of one cell, or null when missing, and whether the hour is present.
+function datetimeValue(value, fields) {
+  if (fields.length === 1 && fields[0] === 'epoch') {
+    if (value < 0) return [null, false];
+    const seconds = value % SECONDS_PER_DAY;
+    const days = (value - seconds) / SECONDS_PER_DAY;
+    const [year, month] = civilFromDays(days);
+    return [[year, month, (days + 3) % 7, floorDiv(seconds, 3600)], true];
+  }
+  const groups = value.replace(/[^0-9]+/g, ' ').trim().split(' ');
+  const parsed = {};
+  fields.forEach((name, i) => {
+    if (!(name in FIELD_DIGITS)) return;
+    const group = groups[i] ?? '';
+    const [fewest, most] = FIELD_DIGITS[name];
+    parsed[name] = group.length >= fewest && group.length <= most ? Number.parseInt(group, 10) : null;
+  });
+  const { year, month, day } = parsed;
+  if (year === null || month === null || day === null || month < 1 || month > 12) return [null, false];
+  const leap = (year % 4 === 0 && year % 100 !== 0) || year % 400 === 0;
+  if (day < 1 || day > MONTH_DAYS[month - 1] + (leap && month === 2 ? 1 : 0)) return [null, false];
+  const hour = parsed.hour ?? null;
+  const hourPresent = hour !== null && hour <= 23;
+  return [[year, month, floorMod(civilDays(year, month, day) + 3, 7), hourPresent ? hour : 0], hourPresent];
+}
+
+// A date feature's <name>_year (z-scored like a numeric feature) and the ids of its month, day of week and hour.
+function datetimeOutputs(values, feature, suffix) {
+  const cells = values.map((v) => datetimeValue(v, feature.fields));
+  const { fill, mean, std } = feature.parts.year;
+  const m = Math.fround(mean);
+  const s = Math.fround(std);
+  const outputs = {
+    [`${feature.name}_year${suffix}`]: Float32Array.from(cells, ([date]) => {
+      const year = date ? Math.fround(date[0]) : Math.fround(fill);
+      return s > 0 ? Math.fround(Math.fround(year - m) / s) : Math.fround(year - m);
+    }),
+  };
+  const index = { month: 1, day_of_week: 2, hour: 3 };
+  for (const [part, settings] of Object.entries(feature.parts)) {
+    if (part === 'year') continue;
+    outputs[`${feature.name}_${part}${suffix}`] = Int32Array.from(cells, ([date, hasHour]) => {
+      if (!date || (part === 'hour' && !hasHour)) return settings.missing_id;
+      return date[index[part]] - (part === 'month' ? 1 : 0);
+    });
+  }
+  return outputs;
+}
+
 // Returns {'<name>_xf': {values: Float32Array | Int32Array, shape: [rows, 1], dtype}} for every feature.
 export function preprocess(spec, columns) {
   const outputs = {};
@@ -44,6 +122,12 @@ export function preprocess(spec, columns) {
         'send one value per row for every feature.');
     }
     rows = values.length;
+    if (feature.kind === 'datetime') {
+      for (const [name, out] of Object.entries(datetimeOutputs(values, feature, spec.output_suffix))) {
+        outputs[name] = { values: out, shape: [rows, 1], dtype: out instanceof Float32Array ? 'float32' : 'int32' };
+      }
+      continue;
+    }
     let out;
     if (feature.kind === 'numeric') {
       const mean = Math.fround(feature.mean);

@@ -7,6 +7,7 @@ reason, for a person to review.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline.config import (
+    EPOCH_FORMAT,
     REGRESSION_TOLERANCE_SHARE,
     TOLERANCE_KEYS,
     BeamConfig,
@@ -66,6 +68,23 @@ POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
 MOSTLY_NUMERIC_SHARE = 0.8
 JUNK_MAX_VALUES = 5
+# Date layouts init recognises: the regular expression of the date, the order of its fields and its separator
+# (day.month.year is day first; d/m/y against m/d/y is told apart by a field above 12).
+DATE_LAYOUTS = (
+    (r"(?P<a>\d{4})-(?P<b>\d{1,2})-(?P<c>\d{1,2})", "ymd", "-"),
+    (r"(?P<a>\d{4})/(?P<b>\d{1,2})/(?P<c>\d{1,2})", "ymd", "/"),
+    (r"(?P<a>\d{4})\.(?P<b>\d{1,2})\.(?P<c>\d{1,2})", "ymd", "."),
+    (r"(?P<a>\d{1,2})/(?P<b>\d{1,2})/(?P<c>\d{4})", "?y", "/"),
+    (r"(?P<a>\d{1,2})-(?P<b>\d{1,2})-(?P<c>\d{4})", "?y", "-"),
+    (r"(?P<a>\d{1,2})\.(?P<b>\d{1,2})\.(?P<c>\d{4})", "dmy", "."),
+)
+# An optional time after the date (T or a blank), with seconds, a fraction and a time-zone offset if any.
+TIME_PATTERN = r"(?:(?P<sep>[T ])(?P<H>\d{1,2}):(?P<M>\d{2})(?::(?P<S>\d{2})(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+# A column is a date when at least this share of its filled cells are dates; the others are read as missing.
+MIN_DATE_SHARE = 0.99
+# An integer column named like a time, with every value in these years' seconds since 1970, is a timestamp.
+EPOCH_RANGE = (946684800, 4102444800)  # 2000-01-01 to 2100-01-01 UTC
+EPOCH_NAME = re.compile(r"time|date|epoch|_at$|_ts$", re.IGNORECASE)
 # The schema type ExampleGen gives a column of each profile kind.
 PROFILE_TYPES = {"int": schema_pb2.INT, "float": schema_pb2.FLOAT, "string": schema_pb2.BYTES}
 SCHEMA_TYPES = {schema_pb2.INT: "integers", schema_pb2.FLOAT: "numbers", schema_pb2.BYTES: "strings"}
@@ -79,6 +98,8 @@ class Placement:
     column: str
     group: str | None
     reason: str
+    # A date or timestamp's format (group "datetime").
+    format: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,6 +283,67 @@ def _long_tail(stats: statistics_pb2.FeatureNameStatistics) -> str:
     return f"long tail: {far:g} lies far outside the 10-90% range {q10:g} to {q90:g}"
 
 
+def _read_date(match: re.Match, order: str) -> tuple[datetime.date, int | None] | None:
+    """The date and hour a matched cell holds, None when no such date or hour exists."""
+    a, b, c = (int(match.group(k)) for k in "abc")
+    year, month, day = {"ymd": (a, b, c), "mdy": (c, a, b), "dmy": (c, b, a)}[order]
+    hour = int(match.group("H")) if match.group("H") else None
+    try:
+        return (datetime.date(year, month, day), hour) if hour is None or hour <= 23 else None
+    except ValueError:
+        return None
+
+
+def datetime_format(column: str, values: Counter, schema_type: int) -> tuple[str, str] | None:
+    """The format of a date or timestamp column (for data.datetime_features) and why, or None when it is not one."""
+    cells = sum(values.values())
+
+    def derived(hour: bool) -> str:
+        return f"the Transform graph derives the year, month{', day of week and hour' if hour else ' and day of week'}"
+
+    if schema_type == schema_pb2.INT:
+        numbers = [int(v) for v in values]
+        if not EPOCH_NAME.search(column) or not all(EPOCH_RANGE[0] <= n < EPOCH_RANGE[1] for n in numbers):
+            return None
+        first = datetime.datetime.fromtimestamp(min(numbers), datetime.timezone.utc)
+        last = datetime.datetime.fromtimestamp(max(numbers), datetime.timezone.utc)
+        return EPOCH_FORMAT, (f"seconds since 1970 from {min(numbers)} ({first:%Y-%m-%d %H:%M} UTC) to {max(numbers)} "
+                              f"({last:%Y-%m-%d %H:%M} UTC): {derived(True)} (UTC)")
+    if schema_type != schema_pb2.BYTES or not cells:
+        return None
+    for pattern, order, separator in DATE_LAYOUTS:
+        regex = re.compile(pattern + TIME_PATTERN)
+        matches = {value: regex.fullmatch(value.strip()) for value in values}
+        matched = {value: m for value, m in matches.items() if m}
+        if sum(values[v] for v in matched) < MIN_DATE_SHARE * cells:
+            continue
+        note = ""
+        if order == "?y":
+            firsts, seconds = ([int(m.group(k)) for m in matched.values()] for k in "ab")
+            if max(firsts) > 12 and max(seconds) > 12:
+                continue
+            order = "dmy" if max(firsts) > 12 else "mdy"
+            if max(firsts) <= 12 and max(seconds) <= 12:
+                note = ("; no field above 12 tells month and day apart: read month first (write "
+                        f"%d{separator}%m{separator}%Y if the day comes first)")
+        readings = {value: _read_date(m, order) for value, m in matched.items()}
+        dates = sum(values[v] for v, r in readings.items() if r)
+        if dates < MIN_DATE_SHARE * cells:
+            continue
+        fields = {"ymd": ("%Y", "%m", "%d"), "mdy": ("%m", "%d", "%Y"), "dmy": ("%d", "%m", "%Y")}[order]
+        fmt = separator.join(fields)
+        timed = [m for v, m in matched.items() if readings[v] and m.group("H")]
+        if timed:
+            time_separator = Counter(m.group("sep") for m in timed).most_common(1)[0][0]
+            fmt += time_separator + "%H:%M" + (":%S" if any(m.group("S") for m in timed) else "")
+        sample = max((v for v in readings if readings[v]), key=lambda v: values[v])
+        unread = cells - dates
+        rest = (f"; {_cells(unread)} {'hold no date and are' if unread > 1 else 'holds no date and is'} read as "
+                "missing" if unread else "")
+        return fmt, f"dates such as {sample.strip()!r}: {derived(bool(timed))}{note}{rest}"
+    return None
+
+
 def place_features(header: list[str], label: str, profiles: dict[str, ColumnProfile], markers: list[str],
                    types: dict[str, int], train: statistics_pb2.DatasetFeatureStatistics) -> list[Placement]:
     """Each column but the label: numeric, bucketized, vocabulary or left out, with the reason."""
@@ -284,6 +366,10 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
         present = profile.rows - missing
         gaps = f", {_percent(missing / profile.rows)} missing" if missing else ""
         described = f"{SCHEMA_TYPES[schema_type]}, {_distinct(profile, values)} distinct values{gaps}"
+        recognised = datetime_format(column, values, schema_type)
+        if recognised:
+            placements.append(Placement(column, "datetime", f"{described}; {recognised[1]}", recognised[0]))
+            continue
         if schema_type == schema_pb2.BYTES:
             if len(values) > IDENTIFIER_MIN_VALUES and (profile.more_values or len(values) > present / 2):
                 placements.append(Placement(column, None, f"{described} in {present:,} rows: an identifier or free "
@@ -306,10 +392,20 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
     return placements
 
 
-def finish_schema(schema: schema_pb2.Schema, label: str) -> schema_pb2.Schema:
-    """SchemaGen's schema with the environments of the curated taxi schema: the label is absent when serving."""
+def finish_schema(schema: schema_pb2.Schema, label: str, dates: list[str] | None = None) -> schema_pb2.Schema:
+    """SchemaGen's schema with the environments of the curated taxi schema: the label is absent when serving. A date
+    column keeps no closed list of values: tomorrow's dates are not anomalies."""
     finished = schema_pb2.Schema()
     finished.CopyFrom(schema)
+    for feature in finished.feature:
+        if feature.name not in (dates or []):
+            continue
+        if feature.HasField("domain"):
+            kept = [d for d in finished.string_domain if d.name != feature.domain]
+            del finished.string_domain[:]
+            finished.string_domain.extend(kept)
+        feature.ClearField("domain")
+        feature.ClearField("string_domain")
     for environment in ("TRAINING", "SERVING"):
         if environment not in finished.default_environment:
             finished.default_environment.append(environment)
@@ -413,6 +509,10 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
             continue
         lines.append(f"  {group}_features:")
         lines += [f"    - {_scalar(p.column):<{width}}  # {p.reason}" for p in chosen]
+    dates = [p for p in placements if p.group == "datetime"]
+    if dates:
+        lines.append("  datetime_features:   # column: format; serving takes the text as it is in the CSV")
+        lines += [f"    {_scalar(p.column)}: {_scalar(p.format)}   # {p.reason}" for p in dates]
     left_out = [p for p in placements if p.group is None]
     if left_out:
         lines.append("  # Left out:")
@@ -596,11 +696,11 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
     print("features:", file=out)
     width = max(len(p.column) for p in placements)
     groups = {"numeric": "numeric", "bucket": "bucketized", "vocab": "vocabulary", "category": "category",
-              None: "left out"}
+              "datetime": "date", None: "left out"}
     for placement in placements:
         print(f"  {groups[placement.group]:<10}  {placement.column:<{width}}  {placement.reason}", file=out)
 
-    schema = finish_schema(inferred, label)
+    schema = finish_schema(inferred, label, [p.column for p in placements if p.group == "datetime"])
     anomalies = schema_anomalies(statistics, schema)
     if anomalies:
         raise RuntimeError("the schema mlops init made does not accept the data it came from: "

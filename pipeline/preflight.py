@@ -9,7 +9,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from pipeline.config import PipelineConfig
+from pipeline.config import EPOCH_FORMAT, PipelineConfig
 from pipeline.data import DataError, csv_header, profile_columns
 
 NUMERIC_TYPES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT"}
@@ -53,7 +53,8 @@ def check_config(config: PipelineConfig, files: list[Path] | None = None) -> Non
     groups = [("data.numeric_features", config.data.numeric_features),
               ("data.bucket_features", config.data.bucket_features),
               ("data.vocab_features", config.data.vocab_features),
-              ("data.category_features", config.data.category_features)]
+              ("data.category_features", config.data.category_features),
+              ("data.datetime_features", list(config.data.datetime_features))]
     for key, names in groups:
         for name in names:
             check_column(name, key)
@@ -73,6 +74,16 @@ def check_config(config: PipelineConfig, files: list[Path] | None = None) -> Non
             typed = TYPE_NAMES.get(types[name], types[name])
             raise DataError(f"data.category_features lists '{name}', whose values are used as ids, but the schema "
                             f"{config.schema_path} types it as {typed}; move it to data.vocab_features.")
+    for name, fmt in config.data.datetime_features.items():
+        needed = schema_pb2.INT if fmt.strip() == EPOCH_FORMAT else schema_pb2.BYTES
+        if types[name] != needed:
+            typed = TYPE_NAMES.get(types[name], types[name])
+            remedy = ("write the format its text has, such as %Y-%m-%d" if fmt.strip() == EPOCH_FORMAT else
+                      f"use {EPOCH_FORMAT} for whole seconds since 1970" if types[name] == schema_pb2.INT else
+                      "list it under data.numeric_features")
+            raise DataError(f"data.datetime_features reads '{name}' as {fmt!r}, which needs "
+                            f"{TYPE_NAMES[needed]} cells, but the schema {config.schema_path} types it as {typed}; "
+                            f"{remedy}.")
 
 
 def _not_a_number(config: PipelineConfig, key: str, name: str, schema_type: int, files: list[Path] | None) -> str:

@@ -22,6 +22,7 @@ import tensorflow as tf
 from absl import logging
 
 from components import artifacts
+from components.exporter.preprocessing import transformed_inputs
 from components.model import model_output
 from components.tasks import Task
 
@@ -33,12 +34,7 @@ JS_FILES = (NODE_DIR / "preprocessing.mjs", NODE_DIR / "predict.mjs")
 
 def core_input_specs(spec: dict[str, Any]) -> list[tf.TensorSpec]:
     """The transformed inputs, in the order of the preprocessing spec."""
-    specs = []
-    for feature in spec["features"]:
-        dtype = tf.float32 if feature["kind"] == "numeric" else tf.int32
-        name = feature["name"] + spec["output_suffix"]
-        specs.append(tf.TensorSpec([None, 1], dtype, name=name))
-    return specs
+    return [tf.TensorSpec([None, 1], tf.as_dtype(dtype), name=name) for name, dtype in transformed_inputs(spec)]
 
 
 def core_task(spec: dict[str, Any]) -> Task:

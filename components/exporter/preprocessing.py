@@ -84,6 +84,19 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
             "task": task_from_transform(layout.label, tft_output).describe()}
 
 
+def transformed_inputs(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The transformed features `preprocess` makes, in order, with their dtypes: "float32" or "int32"."""
+    inputs = []
+    for feature in spec["features"]:
+        if feature["kind"] == "datetime":
+            inputs += [(f"{feature['name']}_{part}{spec['output_suffix']}", "float32" if part == "year" else "int32")
+                       for part in feature["parts"]]
+        else:
+            inputs.append((feature["name"] + spec["output_suffix"],
+                           "float32" if feature["kind"] == "numeric" else "int32"))
+    return inputs
+
+
 def save_spec(spec: dict[str, Any], path: str) -> None:
     with open(path, "w") as f:
         json.dump(spec, f, indent=1)

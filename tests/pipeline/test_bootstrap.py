@@ -13,6 +13,8 @@ from pipeline import cli
 from pipeline.bootstrap import (
     _percent,
     blessing_bound,
+    datetime_format,
+    finish_schema,
     infer_label,
     place_features,
     propose_junk_markers,
@@ -261,3 +263,65 @@ def test_tolerance_messages_name_every_key_and_init_scales_them_for_a_regression
                         "evaluation": {"max_degradation": 20.3}}
     assert "2.5% of the label's standard deviation 812.3" in reason
     assert regression_tolerances("binary", label) == ({}, "")
+
+
+@pytest.mark.parametrize("cells, fmt", [
+    (["2021-03-04", "2021-12-31"], "%Y-%m-%d"),
+    (["2021-03-04 07:30", "2021-12-31 23:05"], "%Y-%m-%d %H:%M"),
+    (["2021-03-04T07:30:00Z", "2021-12-31T23:05:59.250+01:00"], "%Y-%m-%dT%H:%M:%S"),
+    (["2021/3/4", "2021/12/31"], "%Y/%m/%d"),
+    (["31/12/2021", "4/3/2021"], "%d/%m/%Y"),
+    (["12/31/2021", "3/4/2021"], "%m/%d/%Y"),
+    (["31-12-2021", "04-03-2021"], "%d-%m-%Y"),
+    (["31.12.2021", "4.3.2021 8:15"], "%d.%m.%Y %H:%M"),
+])
+def test_init_recognises_the_common_date_and_timestamp_formats(cells, fmt):
+    recognised = datetime_format("when", Counter(cells), schema_pb2.BYTES)
+    assert recognised is not None and recognised[0] == fmt, recognised
+    assert ("hour" in recognised[1]) == ("%H" in fmt)
+
+
+def test_month_and_day_told_apart_only_by_a_field_above_12_and_said_so_otherwise():
+    fmt, reason = datetime_format("when", Counter(["3/4/2021", "5/6/2021"]), schema_pb2.BYTES)
+    assert fmt == "%m/%d/%Y" and "read month first (write %d/%m/%Y if the day comes first)" in reason
+    assert datetime_format("when", Counter(["13/4/2021", "5/13/2021"]), schema_pb2.BYTES) is None, "no order fits"
+
+
+@pytest.mark.parametrize("cells, why", [
+    (["2021-02-30", "2021-03-01"], "a date that does not exist is no date"),
+    (["2021-03-04 25:00"] * 2, "no hour 25"),
+    (["20210304", "20210305"], "fields side by side are not read"),
+    (["3 March 2021", "4 March 2021"], "month names are not read"),
+    (["ab-cd", "2021-03-04"], "half the cells are no date"),
+])
+def test_text_that_is_not_a_date_is_not_proposed_as_one(cells, why):
+    assert datetime_format("when", Counter(cells), schema_pb2.BYTES) is None, why
+
+
+def test_one_junk_cell_in_a_hundred_dates_is_read_as_missing_and_two_are_too_many():
+    dates = Counter({f"2021-01-{day:02d}": 4 for day in range(1, 26)} | {"n/a": 1})
+    fmt, reason = datetime_format("when", dates, schema_pb2.BYTES)
+    assert fmt == "%Y-%m-%d" and reason.endswith("; 1 cell holds no date and is read as missing")
+    assert datetime_format("when", dates + Counter({"n/a": 1}), schema_pb2.BYTES) is None
+
+
+@pytest.mark.parametrize("column, values, epoch", [
+    ("created_at", [946684800, 4102444799], True),
+    ("trip_start_timestamp", [1400000000, 1500000000], True),
+    ("created_at", [946684799, 1500000000], False),        # before 2000: counts, not a time
+    ("created_at", [1500000000, 4102444800], False),       # 2100 or later
+    ("customer_id", [1400000000, 1500000000], False),      # not named like a time
+])
+def test_whole_seconds_since_1970_are_recognised_by_name_and_range(column, values, epoch):
+    recognised = datetime_format(column, Counter(str(v) for v in values), schema_pb2.INT)
+    assert (recognised is not None and recognised[0] == "%s") == epoch, recognised
+
+
+def test_a_date_column_keeps_no_closed_list_of_values_in_the_schema():
+    schema = text_format.Parse('feature { name: "day" type: BYTES domain: "day" } '
+                               'feature { name: "city" type: BYTES domain: "city" } '
+                               'string_domain { name: "day" value: "2021-01-01" } '
+                               'string_domain { name: "city" value: "Oslo" }', schema_pb2.Schema())
+    finished = finish_schema(schema, "label", ["day"])
+    assert [d.name for d in finished.string_domain] == ["city"]
+    assert not finished.feature[0].HasField("domain") and finished.feature[1].domain == "city"

@@ -121,6 +121,28 @@ def test_a_category_feature_must_be_an_integer_column(project, capsys):
                            f"schema {project / 'schema.pbtxt'} types it as {typed}; move it to data.vocab_features.")
 
 
+@pytest.mark.parametrize("column, fmt, typed, remedy", [
+    ("city", "%s", "BYTES (a string)", "write the format its text has, such as %Y-%m-%d"),
+    ("count", "%Y-%m-%d", "INT", "use %s for whole seconds since 1970"),
+    ("distance", "%Y-%m-%d", "FLOAT", "list it under data.numeric_features"),
+])
+def test_a_date_feature_must_be_text_or_whole_seconds(project, capsys, column, fmt, typed, remedy):
+    check_config(load_config(project / "rides.yaml", ["data.vocab_features=[count]",
+                                                      "data.datetime_features={city: '%Y-%m-%d'}"]))
+    check_config(load_config(project / "rides.yaml", ["data.vocab_features=[city]",
+                                                      "data.datetime_features={count: '%s'}"]))
+    message = run_fails(project, capsys, "data.numeric_features=[]", "data.vocab_features=[]",
+                        f"data.datetime_features={{{column}: '{fmt}'}}")
+    needed = "INT" if fmt == "%s" else "BYTES (a string)"
+    assert message == (f"error: data.datetime_features reads '{column}' as '{fmt}', which needs {needed} cells, but "
+                       f"the schema {project / 'schema.pbtxt'} types it as {typed}; {remedy}.")
+
+
+def test_a_date_feature_must_be_a_column(project, capsys):
+    message = run_fails(project, capsys, "data.datetime_features={when: '%Y-%m-%d'}")
+    assert message.startswith("error: data.datetime_features lists 'when', which is not a column of the CSV files")
+
+
 def test_string_label_compared_with_a_threshold(project, capsys):
     message = run_fails(project, capsys, "label.positive_value=")
     assert message.startswith("error: label.column 'tipped' is compared with label.threshold, but the schema")

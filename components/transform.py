@@ -129,7 +129,7 @@ def category_ids(x: tf.Tensor, largest_id: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.logical_and(x >= 0, x <= largest_id), x, largest_id + 1)
 
 
-# The widest digit group of each field: a year has four digits, the others one or two.
+# The fewest and most digits of each field: a year has four, the others one or two.
 FIELD_DIGITS = {"year": (4, 4), "month": (1, 2), "day": (1, 2), "hour": (1, 2)}
 SECONDS_PER_DAY = 86400
 

@@ -13,7 +13,6 @@ import time
 from typing import NoReturn
 
 from components.compat import select_native_log_level
-from pipeline.config import ConfigError, load_config
 from serving import cli as serving_cli
 from serving.rollout import cli as rollout_cli
 from serving.rollout import deploy_cli
@@ -29,6 +28,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from components.gates.anomalies import DataValidationError
+    from pipeline.config import load_config
     from pipeline.data import DataError
     from pipeline.runner import PipelineError, run_local
 
@@ -100,6 +100,7 @@ def _init(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from components.distributed.launcher import WorkerFailedError
     from components.distributed.tfjob import TFJobFailedError
+    from pipeline.config import load_config
     from pipeline.training import NoTransformOutputError, train
 
     overrides = list(args.overrides)
@@ -118,6 +119,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
     from pipeline.kubeflow import KubeflowError, compile_pipeline
     from pipeline.preflight import check_config
 
@@ -148,6 +150,8 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _parameters(pairs: list[str]) -> dict[str, str]:
+    from pipeline.config import ConfigError
+
     values = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -158,6 +162,7 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
     from pipeline.data import DataError
     from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
     from pipeline.preflight import check_config
@@ -251,7 +256,11 @@ def _main(argv: list[str] | None, collect: bool) -> int:
             # Collect TensorFlow's function objects while modules still exist, not at interpreter shutdown.
             gc.collect()
         return code
-    except ConfigError as e:
+    except Exception as e:
+        # Only the commands that read a config import pipeline.config (`mlops predict` does not, to start fast).
+        config_module = sys.modules.get("pipeline.config")
+        if config_module is None or not isinstance(e, config_module.ConfigError):
+            raise
         print(f"config error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from pipeline.config import (
     PipelineConfig,
     higher_is_better,
     task_metric,
+    tolerance_note,
 )
 from pipeline.data import count_csv_rows, resolve_data_dir
 
@@ -114,6 +116,63 @@ def blessing_threshold(evaluation: EvaluationConfig, kind: str, with_baseline: b
                                                  absolute={"value": evaluation.max_degradation})
         threshold.change_threshold.CopyFrom(change)
     return threshold
+
+
+def _setting(config: PipelineConfig, key: str) -> str:
+    """`key=value` as the config file writes it (null for no value)."""
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return f"{key}={'null' if value is None else (f'{value:g}' if isinstance(value, float) else value)}"
+
+
+def not_blessed_message(failures: list[dict[str, Any]], config: PipelineConfig, candidate: dict[str, float],
+                        baseline: dict[str, float], label_std: float | None = None) -> str:
+    """Why the Evaluator did not bless the candidate: for each threshold it failed (summary.validation_failures),
+    the figures and every config key, with its value, that sets the same comparison; empty for no failure."""
+    kind, evaluation = config.label.kind, config.evaluation
+    judged = task_metric(kind, evaluation.metric)
+    names = {key: name for name, (_, _, key) in TFMA_METRICS[kind].items()}
+    chosen = _setting(config, "evaluation.metric") + (f", which judges {judged}" if evaluation.metric == "auto" else "")
+    parts = []
+    for failure in failures:
+        key, value = failure["metric"], failure.get("value")
+        name = names.get(key, key)
+        if value is None or not math.isfinite(value):
+            # No bound passes a NaN: naming the bounds would send the user to a dead end.
+            parts.append(f"the eval {name} is {value}, which no bound passes: the model or the eval rows hold a value "
+                         "that is not a number (a missing label, a NaN training loss); check the label column and the "
+                         "Trainer's log")
+        elif failure.get("is_diff"):
+            figure, before = candidate.get(key), baseline.get(key)
+            figures = (f"{figure:.4f} is {abs(value):.4f} {'below' if value < 0 else 'above'} the baseline model's "
+                       f"{before:.4f}" if figure is not None and before is not None
+                       else f"is {abs(value):.4f} worse than the baseline model's")
+            note = tolerance_note("evaluation.max_degradation", kind, evaluation.metric, label_std)
+            parts.append(f"the eval {name} {figures}, more than {_setting(config, 'evaluation.max_degradation')} "
+                         f"allows (the baseline model chosen by {_setting(config, 'evaluation.baseline')}, the metric "
+                         f"by {chosen}; {note}); allow more with evaluation.max_degradation, compare with another "
+                         "evaluation.baseline (none: the bounds alone) or improve the model")
+        else:
+            keys = [_setting(config, "evaluation.lower_bound"),
+                    _setting(config, "evaluation.upper_bound")] if name == judged else []
+            lower = evaluation.lower_bound if name == judged else None
+            if name == "accuracy" and evaluation.min_accuracy is not None:
+                # The no-skill bound and the blessing metric's bound are one TFMA threshold: the higher one holds.
+                keys.append(_setting(config, "evaluation.min_accuracy"))
+                lower = evaluation.min_accuracy if lower is None else max(lower, evaluation.min_accuracy)
+            upper = evaluation.upper_bound if name == judged else None
+            if lower is not None and value < lower:
+                where = f"below its lower bound {lower:g}"
+            elif upper is not None and value > upper:
+                where = f"above its upper bound {upper:g}"
+            else:
+                where = f"outside its bounds ({failure.get('message') or 'a threshold of TFMA'})"
+            named = (", ".join(keys[:-1]) + " and " if len(keys) > 1 else "") + (keys[-1] if keys else "")
+            named += f" on {chosen}" if name == judged else ""
+            parts.append(f"the eval {name} {value:.4f} is {where} (set by {named or 'no key of evaluation'}); "
+                         "improve the model or move the bound with those keys")
+    return "; ".join(dict.fromkeys(parts))  # a NaN fails the bound and the comparison alike: said once
 
 
 def eval_config(config: PipelineConfig) -> tfma.EvalConfig:

@@ -360,7 +360,9 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
         parts.append("<p class='note'>No baseline model: the first blessed model of this pipeline, or "
                      "evaluation.baseline is none. The thresholds alone decided.</p>")
     failures = baseline.get("failures") or []
-    if failures:
+    if summary.get("blessing_failure"):
+        parts.append(f"<p class='bad'>Not blessed: {_e(summary['blessing_failure'])}.</p>")
+    elif failures:
         parts.append("<p class='bad'>Failed thresholds:</p><ul>" + "".join(f"<li>{_e(f)}</li>" for f in failures)
                      + "</ul>")
     return "".join(parts)

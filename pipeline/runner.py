@@ -149,6 +149,8 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     with _logs_to_file(log_path):
         summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)
         summary.task.setdefault("kind", config.label.kind)
+        if summary.blessed is False:
+            summary.blessing_failure = blessing_failure(summary, config)
         summary.cached_stages = [node for node, (_, cached) in progress.finished.items() if cached]
         summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
         summary.elapsed_seconds = round(progress.elapsed(), 2)
@@ -165,6 +167,16 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     else:
         _print_summary(summary, json_path, html_path, out)
     return summary
+
+
+def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:
+    """Why the Evaluator did not bless this run's model, naming the config keys of each failed comparison."""
+    from pipeline.pipeline import not_blessed_message
+
+    label = ((summary.data.get("features") or {}).get("train") or {}).get(config.label.name) or {}
+    label_std = label.get("std") if config.label.kind == "regression" else None
+    return not_blessed_message(summary.baseline.get("failed_thresholds") or [], config, summary.metrics,
+                               summary.baseline.get("metrics") or {}, label_std)
 
 
 def _labels_on(config: PipelineConfig, version: int) -> list[str]:
@@ -256,6 +268,8 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         # TFX judges nothing without a threshold; a first run has no baseline to compare with.
         print("  blessed       not judged: no evaluation bound is set and no blessed baseline exists yet; set "
               "evaluation.lower_bound (upper_bound for an error such as rmse)", file=out)
+    elif summary.blessed is False and summary.blessing_failure:
+        print(f"  blessed       False: {summary.blessing_failure}", file=out)
     else:
         print(f"  blessed       {summary.blessed}", file=out)
     if summary.export:

@@ -30,6 +30,8 @@ class RunSummary:
     training: dict[str, Any] = field(default_factory=dict)
     plots: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)
+    # Why the Evaluator did not bless the model: each failed threshold and the config keys that set it, with values.
+    blessing_failure: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
     serving: dict[str, Any] = field(default_factory=dict)
     cached_stages: list[str] = field(default_factory=list)
@@ -334,7 +336,21 @@ def read_baseline(uri: str) -> dict[str, Any]:
     found["validation_ok"] = bool(validation.validation_ok)
     found["failures"] = [failure.message or str(failure.metric_key.name)
                          for per_slice in validation.metric_validations_per_slice for failure in per_slice.failures]
+    found["failed_thresholds"] = validation_failures(validation)
     return found
+
+
+def validation_failures(validation: Any) -> list[dict[str, Any]]:
+    """The thresholds a TFMA ValidationResult failed, as plain JSON: TFMA's metric key, whether it is the change
+    from the baseline model (is_diff), the figure that failed (the change, for a comparison) and TFMA's message."""
+    failed = []
+    for per_slice in validation.metric_validations_per_slice:
+        for failure in per_slice.failures:
+            value = failure.metric_value
+            failed.append({"metric": failure.metric_key.name, "is_diff": bool(failure.metric_key.is_diff),
+                           "value": value.double_value.value if value.HasField("double_value") else None,
+                           "message": failure.message})
+    return failed
 
 
 def serving_row(examples: Any, features: list[str], limit: int = 200) -> dict[str, Any]:

@@ -588,22 +588,25 @@ class RestClient(ServingClient):
 
 
 class GrpcClient(ServingClient):
-    """TF Serving's gRPC API (`HOST:8500`) through the official tensorflow-serving-api stubs."""
+    """TF Serving's gRPC API (`HOST:8500`) with the tensorflow-serving-api messages, built without importing
+    TensorFlow (serving/protos.py)."""
 
     def __init__(self, target: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         import grpc
-        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        from serving.protos import ModelServiceStub, PredictionServiceStub, serving_protos
 
         self._grpc = grpc
+        self._protos = serving_protos()
         self._target = target
         self._channel = grpc.insecure_channel(
             target,
             options=[("grpc.max_receive_message_length", 256 * 1024 * 1024),
                      ("grpc.max_send_message_length", 256 * 1024 * 1024)],
         )
-        self._prediction = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
-        self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
+        self._prediction = PredictionServiceStub(self._channel, self._protos)
+        self._models = ModelServiceStub(self._channel, self._protos)
 
     @property
     def address(self) -> str:
@@ -611,15 +614,6 @@ class GrpcClient(ServingClient):
 
     def close(self) -> None:
         self._channel.close()
-
-    def _spec(self, spec, model: str, version: int | None, label: str | None, signature_name: str = "") -> None:
-        spec.name = model
-        if version is not None:
-            spec.version.value = int(version)
-        elif label:
-            spec.version_label = label
-        if signature_name:
-            spec.signature_name = signature_name
 
     def _call(self, method, request, timeout: float, what: str):
         grpc = self._grpc
@@ -638,28 +632,23 @@ class GrpcClient(ServingClient):
             raise error_for(code.name, f"{what} failed with {code.name}: {e.details()}") from None
 
     def _predict(self, model, version, label, signature_name, columns, signature, timeout):
-        import tensorflow as tf
-        from tensorflow.core.framework import types_pb2
-        from tensorflow_serving.apis import predict_pb2
+        from serving.protos import predict_request, tensor_values
 
-        request = predict_pb2.PredictRequest()
-        self._spec(request.model_spec, model, version, label, signature_name)
-        for name, values in columns.items():
-            dtype = tf.dtypes.as_dtype(types_pb2.DataType.Value(signature.inputs[name].dtype))
-            request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=dtype))
+        dtypes = {name: signature.inputs[name].dtype for name in columns}
+        request = predict_request(self._protos, model, columns, dtypes, version, label, signature_name)
         what = f"Predict on {_describe(model, version, label)}"
         response = self._call(self._prediction.Predict, request, timeout, what)
-        return {name: tf.make_ndarray(tensor) for name, tensor in response.outputs.items()}
+        return {name: tensor_values(tensor, self._protos) for name, tensor in response.outputs.items()}
 
     def _metadata(self, model, version, label, timeout):
         from google.protobuf import json_format
-        from tensorflow_serving.apis import get_model_metadata_pb2
 
-        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-        self._spec(request.model_spec, model, version, label)
+        from serving.protos import metadata_request
+
+        request = metadata_request(self._protos, model, version, label)
         what = f"GetModelMetadata on {_describe(model, version, label)}"
         response = self._call(self._prediction.GetModelMetadata, request, timeout, what)
-        signature_defs = get_model_metadata_pb2.SignatureDefMap()
+        signature_defs = self._protos.SignatureDefMap()
         response.metadata["signature_def"].Unpack(signature_defs)
         as_dict = json_format.MessageToDict(signature_defs, preserving_proto_field_name=True)
         return ModelMetadata(
@@ -669,10 +658,10 @@ class GrpcClient(ServingClient):
 
     def _status(self, model, version, label, timeout):
         from google.protobuf import json_format
-        from tensorflow_serving.apis import get_model_status_pb2
 
-        request = get_model_status_pb2.GetModelStatusRequest()
-        self._spec(request.model_spec, model, version, label)
+        from serving.protos import status_request
+
+        request = status_request(self._protos, model, version, label)
         response = self._call(
             self._models.GetModelStatus, request, timeout, f"GetModelStatus on {_describe(model, version, label)}"
         )

@@ -63,5 +63,9 @@ def test_a_worse_second_model_is_not_blessed_and_not_published(two_runs):
     # Within the bounds, so the AUC failed its change threshold against the baseline.
     assert second.blessed is False and second.baseline["validation_ok"] is False
     assert second.baseline["failures"] == ["auc"]
+    # The run says why, naming the keys of that comparison with this run's values.
+    assert second.blessing_failure.startswith(f"the eval auc {auc:.4f} is ")
+    assert (f"more than evaluation.max_degradation={config.evaluation.max_degradation:g} allows (the baseline model "
+            "chosen by evaluation.baseline=stable") in second.blessing_failure
     assert second.published_version is None
     assert sorted(p.name for p in Path(config.serving_dir).iterdir() if p.name.isdigit()) == ["1"]

@@ -7,8 +7,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from serving.model_repository import TRACK_CONFIG_FILES, open_repository
-
 
 def register(subparsers: argparse._SubParsersAction,
              add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -42,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction,
 def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     """One row per published version: blessing, task kind, export verdict, checksum state, labels and serving
     tracks."""
+    from serving.model_repository import TRACK_CONFIG_FILES, open_repository
+
     repository = open_repository(base_dir)
     tracks = {track: open_repository(base_dir, track) for track in TRACK_CONFIG_FILES}
     served = {track: set(r.served_versions(model)) for track, r in tracks.items()}

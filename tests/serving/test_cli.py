@@ -212,3 +212,35 @@ def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, c
         "trip_start_hour (drop those keys, or pass --drop-unknown-features).")
     assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json", json.dumps({**ROW, "tips": 1.0}),
                  "--drop-unknown-features") == 0
+
+
+# What `mlops predict` must not import: TensorFlow (the official TF Serving protos would run tensorflow/__init__.py),
+# the pipeline's libraries, and the config loader (predict reads no pipeline config).
+PREDICT_NEVER_IMPORTS = ("tensorflow", "tensorflow_serving.apis", "tf_keras", "keras", "tfx", "apache_beam", "pandas",
+                         "pyarrow", "pipeline.config", "yaml")
+
+
+def test_mlops_predict_over_either_transport_imports_no_tensorflow(server, repository, tmp_path):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text("fare,trip_start_hour,payment_type,tips\n2.5,7,Cash,1.0\n")
+    row = ["--json", json.dumps(ROW)]
+    calls = [["predict", "--rest", server.rest_url, "--model", MODEL, "--label", "stable", *row],
+             ["predict", "--grpc", server.grpc_target, "--model", MODEL, "--label", "stable", *row],
+             ["predict", "--grpc", server.grpc_target, "--model", MODEL, "--version", "1", "--csv", str(csv_file),
+              "--repository", str(repository.base_dir)]]
+    # A fresh process, as the `mlops` command is: the codes, the predictions and the imported modules come back.
+    script = ("import json, sys\nfrom pipeline.cli import main\n"
+              "codes = [main(call) for call in json.loads(sys.argv[1])]\n"
+              "print(json.dumps({'codes': codes, 'modules': sorted(sys.modules)}))")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(calls)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    *predictions, last = done.stdout.splitlines()
+    result = json.loads(last)
+    assert result["codes"] == [0, 0, 0]
+    assert predictions == [f"{expected_probability(ROW, 1):.6f}"] * 3
+    modules = set(result["modules"])
+    assert {"grpc", "serving.client", "serving.protos"} <= modules  # the gRPC path did run here
+    imported = sorted(name for name in modules for heavy in PREDICT_NEVER_IMPORTS
+                      if name == heavy or name.startswith(heavy + "."))
+    assert imported == []

@@ -42,6 +42,7 @@ from serving.limits import (
 from serving.model_manager import ConfigError, ModelManager
 from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
+from serving.request_log import LoggedPrediction, RequestLogger
 from serving.servable import ServableVersion, dtype_label
 
 logger = logging.getLogger(__name__)
@@ -79,13 +80,15 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict (a coroutine on raw bytes, see `predict_handler`), GetModelMetadata; the others are UNIMPLEMENTED."""
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
-                 parser: futures.Executor, inline_bytes: int, metrics: RequestMetrics | None = None) -> None:
+                 parser: futures.Executor, inline_bytes: int, metrics: RequestMetrics | None = None,
+                 request_logger: RequestLogger | None = None) -> None:
         self.manager = manager
         self.predictor = predictor
         self.admission = admission
         self.parser = parser
         self.inline_bytes = inline_bytes
         self.metrics = metrics or RequestMetrics()
+        self.request_logger = request_logger
 
     def _resolve(self, spec: model_pb2.ModelSpec) -> ServableVersion:
         if not spec.name:
@@ -119,6 +122,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             answer = response.SerializeToString()
             self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started)
+            if self.request_logger is not None and self.request_logger.sample():
+                # The messages as they crossed the wire: nothing to build but the record around them.
+                prediction = LoggedPrediction(servable.version, signature.name, data, answer)
+                self.request_logger.submit(servable.model_name, lambda: prediction)
             return answer
         except Exception as e:  # noqa: BLE001 - every error becomes a status; none takes the server down
             status = _status_of(e, "Predict")
@@ -261,7 +268,7 @@ class GrpcServer:
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
                  limits: ServingLimits, host: str, port: int, workers: int, parser: futures.Executor,
-                 metrics: RequestMetrics | None = None) -> None:
+                 metrics: RequestMetrics | None = None, request_logger: RequestLogger | None = None) -> None:
         # The server's stop() leaves the executor it was given running: stop() shuts it down.
         self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
         self._server = grpc.aio.server(
@@ -275,7 +282,8 @@ class GrpcServer:
             # exhausted thread pool answers), before their messages are read.
             maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
-        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes, metrics)
+        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes, metrics,
+                                      request_logger)
         self._server.add_generic_rpc_handlers((servicer.predict_handler(),))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, self._server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager), self._server)

@@ -338,6 +338,15 @@ def tensor_proto_to_array(tensor, declared: list[int]) -> np.ndarray:
 
 def array_to_tensor_proto(value: np.ndarray, proto) -> None:
     """Fills `proto` as tf.make_tensor_proto would (values in the dtype's field, as TF Serving answers), faster."""
+    if value.dtype == object:
+        items = value.ravel().tolist()
+        if all(type(item) is bytes for item in items):  # strings: what make_tensor_proto fills, at a tenth the cost
+            proto.dtype = types_pb2.DT_STRING
+            proto.tensor_shape.SetInParent()  # a scalar's shape is there, empty, as make_tensor_proto writes it
+            for size in value.shape:
+                proto.tensor_shape.dim.add().size = size
+            proto.string_val.extend(items)
+            return
     field = _FAST_FIELDS.get(value.dtype.kind + str(value.dtype.itemsize))
     if field is None or value.dtype == object:
         proto.CopyFrom(tf.make_tensor_proto(value))

@@ -24,9 +24,9 @@ its record; a full queue drops the record, a failed write is counted, and both s
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
-import queue
 import random
 import re
 import threading
@@ -49,13 +49,13 @@ FILE_SUFFIX = ".tfrecord"
 LOG_FILE_NAME = re.compile(r"requests-\d{8}T\d{12}Z-\d+-\d+\.tfrecord")
 # TF Serving's default --saved_model_tags.
 SAVED_MODEL_TAGS = ("serve",)
-# Records the writer takes off the queue before it flushes the file.
-WRITE_BATCH = 256
-# How often an idle writer looks for files past their age.
-IDLE_CHECK_S = 1.0
+# The writer wakes this often and writes what waits (or at once for flush and close): a handful of wake-ups a
+# second, where one per request would hand the GIL back and forth with the event loop for every prediction.
+WRITE_INTERVAL_S = 0.05
+# Records written before the file is flushed and progress reported.
+WRITE_BATCH = 1024
 # TFRecord framing around each record: length (8 bytes) and two masked CRC32Cs (4 each).
 TFRECORD_OVERHEAD = 16
-_STOP = object()
 
 
 class LoggedPrediction(NamedTuple):
@@ -168,8 +168,8 @@ class _ModelFiles:
 class RequestLogger:
     """Samples predictions and writes their PredictionLog records on a thread of its own.
 
-    `sample()` and `submit()` run on the request path and only draw a number and put a closure on the queue; the
-    closure builds the messages on the writer thread. `random` draws the samples (seed it for exact counts) and
+    `sample()` and `submit()` run on the request path and only draw a number and append a closure to the queue;
+    the closure builds the messages on the writer thread. `random` draws the samples (seed it for exact counts) and
     `clock` stamps the records and ages the files (seconds since the epoch).
     """
 
@@ -180,18 +180,21 @@ class RequestLogger:
         self.metrics = metrics or RequestLogMetrics()
         self._random = random_source or random.Random()
         self._clock = clock
-        self._queue: queue.Queue = queue.Queue(maxsize=settings.queue_size)
+        # Appended by the request path and taken by the writer, which wakes on a timer rather than per record.
+        self._pending: collections.deque = collections.deque()
         self._files: dict[str, _ModelFiles] = {}
         self._metadata_cache: dict[tuple[str, int, str], bytes] = {}
         self._pid = os.getpid()
         self._seq = 0
         # Only local files are flushed per batch: a flush of a gs:// file uploads all of it again.
         self._flush_batches = "://" not in directory or directory.startswith("file://")
+        self._wake = threading.Event()
+        self._accepted_lock = threading.Lock()
         self._progress = threading.Condition()
         self._accepted = 0
         self._finished = 0
         self._failing = False
-        self._closed = False
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="request-log-writer", daemon=True)
         self._thread.start()
 
@@ -202,21 +205,21 @@ class RequestLogger:
 
     def submit(self, model: str, build: Callable[[], LoggedPrediction]) -> None:
         """Queues one sampled prediction of `model`; a full queue drops it (counted), never waits."""
-        if self._closed:
+        if self._stopping:
             return
-        try:
-            self._queue.put_nowait((model, self._clock(), build))
-        except queue.Full:
+        if len(self._pending) >= self.settings.queue_size:
             self.metrics.count(model, "dropped")
             return
-        with self._progress:
+        with self._accepted_lock:
             self._accepted += 1
+        self._pending.append((model, self._clock(), build))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Waits until every record queued so far is written (or failed); False after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
+        target = self._accepted
+        self._wake.set()
         with self._progress:
-            target = self._accepted
             while self._finished < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -226,40 +229,36 @@ class RequestLogger:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Writes what is queued, closes the files and ends the writer thread."""
-        if self._closed:
+        if self._stopping:
             return
-        self._closed = True
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            logger.error("the request log writer did not drain its queue within %ss; records are lost", timeout_s)
-            return
+        self._stopping = True
+        self._wake.set()
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.error("the request log writer did not finish within %ss; records still queued are lost", timeout_s)
 
     # ------------------------------------------------------------------------------------------ writer thread
     def _run(self) -> None:
         while True:
-            try:
-                item = self._queue.get(timeout=min(IDLE_CHECK_S, self.settings.max_file_seconds))
-            except queue.Empty:
-                self._close_old_files()
-                continue
-            batch = [item]
-            while len(batch) < WRITE_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(entry is _STOP for entry in batch)
-            records = [entry for entry in batch if entry is not _STOP]
-            for model, stamp, build in records:
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            stopping = self._stopping  # read first: what was queued before close() is written below
+            done = 0
+            while self._pending and done < WRITE_BATCH:
+                model, stamp, build = self._pending.popleft()
                 self._write_one(model, stamp, build)
-            if self._flush_batches:
-                self._flush_files()
-            with self._progress:
-                self._finished += len(records)
-                self._progress.notify_all()
-            if stop:
+                done += 1
+            if done:
+                if self._flush_batches:
+                    self._flush_files()
+                with self._progress:
+                    self._finished += done
+                    self._progress.notify_all()
+            if self._pending:
+                self._wake.set()  # more than a batch waits: go on without sleeping
+                continue
+            self._close_old_files()
+            if stopping:
                 self._close_files()
                 return
 

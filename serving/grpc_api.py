@@ -338,6 +338,14 @@ def tensor_proto_to_array(tensor, declared: list[int]) -> np.ndarray:
 
 def array_to_tensor_proto(value: np.ndarray, proto) -> None:
     """Fills `proto` as tf.make_tensor_proto would (values in the dtype's field, as TF Serving answers), faster."""
+    native = _NATIVE_FIELDS.get(value.dtype)
+    if native is not None:  # the common dtypes in this machine's byte order: one dict lookup
+        proto.dtype = native[0]
+        dims = proto.tensor_shape.dim
+        for size in value.shape:
+            dims.add(size=size)
+        getattr(proto, native[1]).extend(value.ravel().tolist())
+        return
     if value.dtype == object:
         items = value.ravel().tolist()
         if all(type(item) is bytes for item in items):  # strings: what make_tensor_proto fills, at a tenth the cost
@@ -363,6 +371,9 @@ _FAST_FIELDS = {
     "i4": (types_pb2.DT_INT32, "int_val"), "i8": (types_pb2.DT_INT64, "int64_val"),
     "b1": (types_pb2.DT_BOOL, "bool_val"),
 }
+_NATIVE_FIELDS = {np.dtype(np.float32): _FAST_FIELDS["f4"], np.dtype(np.float64): _FAST_FIELDS["f8"],
+                  np.dtype(np.int32): _FAST_FIELDS["i4"], np.dtype(np.int64): _FAST_FIELDS["i8"],
+                  np.dtype(np.bool_): _FAST_FIELDS["b1"]}
 _FAST_DTYPES = {
     types_pb2.DT_FLOAT: ("float_val", np.float32), types_pb2.DT_DOUBLE: ("double_val", np.float64),
     types_pb2.DT_INT32: ("int_val", np.int32), types_pb2.DT_INT64: ("int64_val", np.int64),

@@ -16,7 +16,7 @@ Files: `<directory>/<model>/requests-<UTC time of the first record, %Y%m%dT%H%M%
 names sort by time), written through tf.io.gfile (a folder or any URI it serves, gs:// included). A file is closed
 and the next one started when a record would take it past `max_file_bytes` or its first record is `max_file_seconds`
 old; a model's folder keeps `max_files` files, the oldest deleted first. On a local folder the file being written is
-flushed after each batch of records, so it ends on a whole record.
+flushed after each batch of records (every 50 ms while records come), so it ends on a whole record.
 
 Requests never wait for the log: a sampled prediction is put on a bounded queue and a writer thread builds and writes
 its record; a full queue drops the record, a failed write is counted, and both show on the server's Prometheus page
@@ -40,6 +40,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import logging_pb2, model_pb2, predict_pb2, prediction_log_pb2
 
 from pipeline.config import RequestLogConfig
+from serving.limits import wire_fields
 from serving.monitoring import RequestLogMetrics
 
 logger = logging.getLogger(__name__)
@@ -90,8 +91,6 @@ def prediction_log_bytes(metadata: bytes, prediction: LoggedPrediction) -> bytes
 def wire_model_spec(message: bytes, field_number: int) -> model_pb2.ModelSpec:
     """The ModelSpec in field `field_number` of a serialized message (PredictRequest: 1, PredictResponse: 2), read
     without parsing the tensors around it."""
-    from serving.limits import wire_fields
-
     spec = model_pb2.ModelSpec()
     for number, wire_type, start, end in wire_fields(message, 0, len(message)):
         if number == field_number and wire_type == 2:
@@ -105,7 +104,7 @@ def predict_messages_from_arrays(
 ) -> LoggedPrediction:
     """The PredictRequest and PredictResponse a REST prediction stands for (http_rest_api_handler.cc
     ProcessPredictRequest), from the arrays the server converted the JSON into and the ones the model returned."""
-    from serving.grpc_api import array_to_tensor_proto
+    from serving.grpc_api import array_to_tensor_proto  # here: grpc_api imports this module
 
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
@@ -169,8 +168,8 @@ class RequestLogger:
     """Samples predictions and writes their PredictionLog records on a thread of its own.
 
     `sample()` and `submit()` run on the request path and only draw a number and append a closure to the queue;
-    the closure builds the messages on the writer thread. `random` draws the samples (seed it for exact counts) and
-    `clock` stamps the records and ages the files (seconds since the epoch).
+    the closure builds the messages on the writer thread. `random_source` draws the samples (seed it for exact
+    counts) and `clock` stamps the records and ages the files (seconds since the epoch).
     """
 
     def __init__(self, settings: RequestLogConfig, directory: str, metrics: RequestLogMetrics | None = None,

@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--name", default="", help="the pipeline's and the model's name (default: the data folder's)")
     init.add_argument("--force", action="store_true", help="replace files of the same names")
     init.set_defaults(handler=_init)
-    serving_cli.register(commands)
+    serving_cli.register(commands, _add_config_args)
     rollout_cli.register(commands, _add_config_args)
     deploy_cli.register(commands, _add_config_args)
     train = commands.add_parser(

@@ -476,6 +476,30 @@ class RolloutConfig:
     kubedl: RolloutKubeDLConfig = field(default_factory=RolloutKubeDLConfig)
 
 
+@dataclass
+class RequestLogConfig:
+    """Sampled predictions and their answers as TF Serving's PredictionLog TFRecords, written by `mlops serve` and
+    `mlops log-proxy` under <directory>/<model>/ (serving/request_log.py, README "Monitoring")."""
+    enabled: bool = False
+    # Any folder or URI tf.io.gfile writes (gs://bucket/logs); empty: <output_root>/request_logs.
+    directory: str = ""
+    # Share of successful predictions logged, drawn per request (TF Serving's SamplingConfig.sampling_rate).
+    sampling_rate: float = 1.0
+    # A file is closed and the next one started at this size or this age, whichever comes first ...
+    max_file_bytes: int = 64 * 1024 * 1024
+    max_file_seconds: float = 300.0
+    # ... and a model's folder keeps at most this many files, the oldest deleted first.
+    max_files: int = 100
+    # Records waiting for the writer thread; beyond this, records are dropped and counted, never waited for.
+    queue_size: int = 10000
+
+
+@dataclass
+class ServingConfig:
+    """`mlops serve` and `mlops log-proxy` (serving/): what the servers do beside answering."""
+    request_log: RequestLogConfig = field(default_factory=RequestLogConfig)
+
+
 # The CSV rows up to which beam.direct_running_mode=auto runs Beam in this process: on 2 cores the data stages took
 # as long in_memory (one worker) as multi_processing at about 470,000 rows (benchmarks.data_stages --modes; README,
 # "Benchmarks").
@@ -583,6 +607,7 @@ class PipelineConfig:
     beam: BeamConfig = field(default_factory=BeamConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     @property
     def features(self) -> list[str]:
@@ -606,6 +631,11 @@ class PipelineConfig:
     @property
     def serving_dir(self) -> str:
         return os.path.join(self.serving_base_dir, self.model_name)
+
+    @property
+    def request_log_dir(self) -> str:
+        """Where request logs go: <request_log_dir>/<model>/requests-*.tfrecord (a folder or a URI)."""
+        return self.serving.request_log.directory or os.path.join(self.output_root, "request_logs")
 
     def resolved_training(self) -> TrainingConfig:
         """The training section as the Trainer receives it: a TFJob mounts the pipeline root where this machine
@@ -830,6 +860,7 @@ def _validate(config: PipelineConfig) -> None:
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
     _validate_kubeflow(config.kubeflow)
+    _validate_request_log(config.serving.request_log)
     if config.parallel_stages < 1:
         raise ConfigError(f"parallel_stages must be 1 or more; got {config.parallel_stages}.")
     if not config.schema_path:
@@ -930,6 +961,15 @@ def _validate_kubeflow(kubeflow: KubeflowConfig) -> None:
         for key in ("retries", "retry_backoff_seconds"):
             if (getattr(task, key) or 0) < 0:
                 raise ConfigError(f"{prefix}.{key} must be 0 or more; got {getattr(task, key)}.")
+
+
+def _validate_request_log(request_log: RequestLogConfig) -> None:
+    if not 0.0 <= request_log.sampling_rate <= 1.0:
+        raise ConfigError(f"serving.request_log.sampling_rate must be a share from 0 to 1 (0.1 logs one request in "
+                          f"ten); got {request_log.sampling_rate}.")
+    for key in ("max_file_bytes", "max_file_seconds", "max_files", "queue_size"):
+        if getattr(request_log, key) <= 0:
+            raise ConfigError(f"serving.request_log.{key} must be positive; got {getattr(request_log, key)}.")
 
 
 def _validate_beam(beam: BeamConfig) -> None:

@@ -6,6 +6,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REST_PORT = 8501
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_MAX_BATCH_SIZE = 1024
+# TF Serving's own ports inside a serving pod, behind `mlops log-proxy` on the two above (k8s/serving/base).
+DEFAULT_UPSTREAM_REST = "127.0.0.1:9501"
+DEFAULT_UPSTREAM_GRPC = "127.0.0.1:9500"
 # TF Serving's defaults for --max_num_load_retries and --load_retry_interval_micros (in seconds here).
 DEFAULT_MAX_NUM_LOAD_RETRIES = 5
 DEFAULT_LOAD_RETRY_INTERVAL_S = 60.0

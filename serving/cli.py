@@ -8,7 +8,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving import (
     DEFAULT_GRPC_PORT,
@@ -17,16 +19,24 @@ from serving import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_NUM_LOAD_RETRIES,
     DEFAULT_REST_PORT,
+    DEFAULT_UPSTREAM_GRPC,
+    DEFAULT_UPSTREAM_REST,
     ServingLimits,
 )
 
+if TYPE_CHECKING:
+    from pipeline.config import RequestLogConfig
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds the `serve` and `predict` subcommands to the `mlops` parser."""
+
+def register(subparsers: argparse._SubParsersAction,
+             add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Adds the `serve`, `log-proxy` and `predict` subcommands to the `mlops` parser; `add_config_args` adds
+    --config and --set (the serving.request_log section)."""
     serve = subparsers.add_parser(
         "serve",
         help="serve models over TF Serving's REST and gRPC APIs (a local stand-in for tensorflow_model_server)",
     )
+    add_config_args(serve)
     source = serve.add_argument_group("what to serve (a config file, or one model)")
     source.add_argument("--model-config", help="text-format ModelServerConfig (models.config), re-read while running")
     source.add_argument("--model-base-path", help="folder holding <integer version>/ SavedModels of one model")
@@ -82,6 +92,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"open REST connections before more get HTTP 503 (default {ServingLimits.max_connections})",
     )
     serve.set_defaults(handler=serve_command)
+
+    proxy = subparsers.add_parser(
+        "log-proxy",
+        help="forward TF Serving's REST and gRPC APIs to a TF Serving and log sampled predictions "
+             "(serving.request_log; the sidecar of k8s/serving)",
+    )
+    add_config_args(proxy)
+    proxy.add_argument("--rest-port", type=int, default=DEFAULT_REST_PORT, help="REST port (0: any free port)")
+    proxy.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (0: any free port)")
+    proxy.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    proxy.add_argument("--upstream-rest", default=DEFAULT_UPSTREAM_REST, metavar="HOST:PORT",
+                       help=f"TF Serving's REST port (default {DEFAULT_UPSTREAM_REST})")
+    proxy.add_argument("--upstream-grpc", default=DEFAULT_UPSTREAM_GRPC, metavar="HOST:PORT",
+                       help=f"TF Serving's gRPC port (default {DEFAULT_UPSTREAM_GRPC})")
+    proxy.add_argument(
+        "--max-request-bytes", type=int, default=ServingLimits.max_request_bytes,
+        help=f"largest REST body or gRPC message forwarded (default {ServingLimits.max_request_bytes})",
+    )
+    proxy.set_defaults(handler=log_proxy_command)
 
     predict = subparsers.add_parser("predict", help="ask a TF Serving (real or local) for predictions")
     transport = predict.add_mutually_exclusive_group(required=True)
@@ -147,6 +176,12 @@ def serve_command(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
     )
 
+    try:
+        request_log_settings, request_log_dir = _request_log_settings(args)
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = dict(
         host=args.host, rest_port=args.rest_port, grpc_port=args.grpc_port, poll_seconds=args.poll_seconds,
@@ -158,17 +193,28 @@ def serve_command(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
-        return _run_server(args, options, stopped)
+        return _run_server(args, options, stopped, request_log_settings, request_log_dir)
     finally:
         if previous_handler is not None:  # None: installed outside Python, cannot be put back
             signal.signal(signal.SIGTERM, previous_handler)
 
 
-def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event) -> int:
+def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, str]:
+    """The serving.request_log section of --config/--set, and the folder it writes to."""
+    from pipeline.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    return config.serving.request_log, config.request_log_dir
+
+
+def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event,
+                request_log_settings: RequestLogConfig, request_log_dir: str) -> int:
     from serving.model_manager import ConfigError
     from serving.model_repository import RepositoryError, validate_model_name
+    from serving.request_log import open_request_logger
     from serving.server import ModelServer
 
+    options = {**options, "request_logger": open_request_logger(request_log_settings, request_log_dir)}
     try:
         if args.model_config:
             if not Path(args.model_config).is_file():
@@ -195,6 +241,48 @@ def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Even
     finally:
         server.stop()
     print("server stopped", flush=True)
+    return 0
+
+
+def log_proxy_command(args: argparse.Namespace) -> int:
+    if args.max_request_bytes < 1:
+        return _usage_error("--max-request-bytes must be at least 1")
+    try:
+        request_log_settings, request_log_dir = _request_log_settings(args)
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from serving.log_proxy import LogProxy
+    from serving.request_log import open_request_logger
+
+    try:
+        proxy = LogProxy(args.upstream_rest, args.upstream_grpc, args.host, args.rest_port, args.grpc_port,
+                         open_request_logger(request_log_settings, request_log_dir),
+                         ServingLimits(max_request_bytes=args.max_request_bytes))
+    except ValueError as e:
+        return _usage_error(str(e))
+    stopped = threading.Event()
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        try:
+            proxy.start()
+        except OSError as e:
+            print(f"error: cannot open the proxy's ports: {e}", file=sys.stderr)
+            return 1
+        logging_note = (f"logging {request_log_settings.sampling_rate:g} of predictions under {request_log_dir}"
+                        if request_log_settings.enabled else "request logging off (serving.request_log.enabled)")
+        print(f"proxying REST on {proxy.rest_url} to {args.upstream_rest} and gRPC on {proxy.grpc_target} to "
+              f"{args.upstream_grpc}, {logging_note} (Ctrl-C to stop)", flush=True)
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy.stop()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+    print("proxy stopped", flush=True)
     return 0
 
 
@@ -337,9 +425,11 @@ def _usage_error(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `serve` or `predict` without the rest of `mlops` (used by the benchmark and tests)."""
+    """Runs `serve`, `log-proxy` or `predict` without the rest of `mlops` (used by the benchmark and tests)."""
+    from pipeline.cli import _add_config_args
+
     parser = argparse.ArgumentParser(prog="python -m serving.cli")
-    register(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True), _add_config_args)
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -42,6 +42,7 @@ from serving.limits import (
 from serving.model_manager import ConfigError, ModelManager
 from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
+from serving.request_log import LoggedPrediction, RequestLogger
 from serving.servable import ServableVersion, dtype_label
 
 logger = logging.getLogger(__name__)
@@ -79,13 +80,15 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict (a coroutine on raw bytes, see `predict_handler`), GetModelMetadata; the others are UNIMPLEMENTED."""
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
-                 parser: futures.Executor, inline_bytes: int, metrics: RequestMetrics | None = None) -> None:
+                 parser: futures.Executor, inline_bytes: int, metrics: RequestMetrics | None = None,
+                 request_logger: RequestLogger | None = None) -> None:
         self.manager = manager
         self.predictor = predictor
         self.admission = admission
         self.parser = parser
         self.inline_bytes = inline_bytes
         self.metrics = metrics or RequestMetrics()
+        self.request_logger = request_logger
 
     def _resolve(self, spec: model_pb2.ModelSpec) -> ServableVersion:
         if not spec.name:
@@ -119,6 +122,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             answer = response.SerializeToString()
             self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started)
+            if self.request_logger is not None and self.request_logger.sample():
+                # The messages as they crossed the wire: nothing to build but the record around them.
+                prediction = LoggedPrediction(servable.version, signature.name, data, answer)
+                self.request_logger.submit(servable.model_name, lambda: prediction)
             return answer
         except Exception as e:  # noqa: BLE001 - every error becomes a status; none takes the server down
             status = _status_of(e, "Predict")
@@ -261,7 +268,7 @@ class GrpcServer:
 
     def __init__(self, manager: ModelManager, predictor: Predictor, admission: AdmissionControl,
                  limits: ServingLimits, host: str, port: int, workers: int, parser: futures.Executor,
-                 metrics: RequestMetrics | None = None) -> None:
+                 metrics: RequestMetrics | None = None, request_logger: RequestLogger | None = None) -> None:
         # The server's stop() leaves the executor it was given running: stop() shuts it down.
         self._executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-server")
         self._server = grpc.aio.server(
@@ -275,7 +282,8 @@ class GrpcServer:
             # exhausted thread pool answers), before their messages are read.
             maximum_concurrent_rpcs=limits.max_in_flight_requests,
         )
-        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes, metrics)
+        servicer = PredictionServicer(manager, predictor, admission, parser, limits.inline_bytes, metrics,
+                                      request_logger)
         self._server.add_generic_rpc_handlers((servicer.predict_handler(),))
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(servicer, self._server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager), self._server)
@@ -330,6 +338,23 @@ def tensor_proto_to_array(tensor, declared: list[int]) -> np.ndarray:
 
 def array_to_tensor_proto(value: np.ndarray, proto) -> None:
     """Fills `proto` as tf.make_tensor_proto would (values in the dtype's field, as TF Serving answers), faster."""
+    native = _NATIVE_FIELDS.get(value.dtype)
+    if native is not None:  # the common dtypes in this machine's byte order: one dict lookup
+        proto.dtype = native[0]
+        dims = proto.tensor_shape.dim
+        for size in value.shape:
+            dims.add(size=size)
+        getattr(proto, native[1]).extend(value.ravel().tolist())
+        return
+    if value.dtype == object:
+        items = value.ravel().tolist()
+        if all(type(item) is bytes for item in items):  # strings: what make_tensor_proto fills, at a tenth the cost
+            proto.dtype = types_pb2.DT_STRING
+            proto.tensor_shape.SetInParent()  # a scalar's shape is there, empty, as make_tensor_proto writes it
+            for size in value.shape:
+                proto.tensor_shape.dim.add().size = size
+            proto.string_val.extend(items)
+            return
     field = _FAST_FIELDS.get(value.dtype.kind + str(value.dtype.itemsize))
     if field is None or value.dtype == object:
         proto.CopyFrom(tf.make_tensor_proto(value))
@@ -346,6 +371,9 @@ _FAST_FIELDS = {
     "i4": (types_pb2.DT_INT32, "int_val"), "i8": (types_pb2.DT_INT64, "int64_val"),
     "b1": (types_pb2.DT_BOOL, "bool_val"),
 }
+_NATIVE_FIELDS = {np.dtype(np.float32): _FAST_FIELDS["f4"], np.dtype(np.float64): _FAST_FIELDS["f8"],
+                  np.dtype(np.int32): _FAST_FIELDS["i4"], np.dtype(np.int64): _FAST_FIELDS["i8"],
+                  np.dtype(np.bool_): _FAST_FIELDS["b1"]}
 _FAST_DTYPES = {
     types_pb2.DT_FLOAT: ("float_val", np.float32), types_pb2.DT_DOUBLE: ("double_val", np.float64),
     types_pb2.DT_INT32: ("int_val", np.int32), types_pb2.DT_INT64: ("int64_val", np.int64),

@@ -2,13 +2,20 @@
 labels and semantics as TF Serving 2.16.1 with a MonitoringConfig that enables prometheus_config (see
 serving/rollout/metrics.py for the source files): `:tensorflow:serving:request_count{model_name,status}` over every
 request that names a model, and the histogram `:tensorflow:serving:request_latency{model_name,API,entrypoint}` of
-successful ones, in microseconds with buckets 10 * 1.8^i."""
+successful ones, in microseconds with buckets 10 * 1.8^i; and with request logging on (serving/request_log.py),
+`:mlops:serving:request_log_count{model_name,status}` of sampled predictions written, dropped (the writer's queue was
+full) or failed (the write raised)."""
 from __future__ import annotations
 
 import bisect
 import threading
 
 METRICS_PATH = "/monitoring/prometheus/metrics"
+# Not TF Serving's own :tensorflow:serving:request_log_count: its page always declares that family, empty
+# (core/request_logger.cc, util/prometheus_exporter.cc GeneratePage, 2.16.1), and `mlops log-proxy` appends this
+# family to that page, where a second declaration of one name would make Prometheus reject the whole scrape.
+REQUEST_LOG_COUNT = ":mlops:serving:request_log_count"
+REQUEST_LOG_STATUSES = ("written", "dropped", "failed")
 # TF Serving's request_latency buckets (servables/tensorflow/util.cc: ExponentialBuckets(10, 1.8, 33)).
 LATENCY_BOUNDS_US = [10 * 1.8**i for i in range(33)]
 
@@ -25,6 +32,8 @@ class RequestMetrics:
         self._requests: dict[tuple[str, str], int] = {}
         # (model, API, entrypoint) -> per-bucket counts (the last one +Inf), sum of microseconds
         self._latency: dict[tuple[str, str, str], tuple[list[int], float]] = {}
+        # What the request logger did with the sampled predictions: on the same page.
+        self.request_log = RequestLogMetrics()
 
     def record(self, model: str, status: str, api: str, entrypoint: str, seconds: float) -> None:
         """One request naming `model` ended with canonical code `status` ("OK" for success) after `seconds`."""
@@ -58,4 +67,36 @@ class RequestMetrics:
                 lines.append(f':tensorflow:serving:request_latency_bucket{{{labels},le="{le}"}} {cumulative}')
             lines.append(f":tensorflow:serving:request_latency_sum{{{labels}}} {total:.17g}")
             lines.append(f":tensorflow:serving:request_latency_count{{{labels}}} {cumulative}")
+        return "\n".join(lines) + "\n" + self.request_log.text()
+
+
+class RequestLogMetrics:
+    """Sampled predictions by model and outcome: written, dropped or failed; each model's three start at 0."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count(self, model: str, status: str, records: int = 1) -> None:
+        if status not in REQUEST_LOG_STATUSES:
+            raise ValueError(f"request log status must be one of {', '.join(REQUEST_LOG_STATUSES)}; got {status!r}.")
+        with self._lock:
+            if (model, status) not in self._counts:
+                for each in REQUEST_LOG_STATUSES:
+                    self._counts.setdefault((model, each), 0)
+            self._counts[(model, status)] += records
+
+    def value(self, model: str, status: str) -> int:
+        with self._lock:
+            return self._counts.get((model, status), 0)
+
+    def text(self) -> str:
+        """The family in the Prometheus text format; empty until a sampled prediction was counted."""
+        with self._lock:
+            counts = sorted(self._counts.items())
+        if not counts:
+            return ""
+        lines = [f"# TYPE {REQUEST_LOG_COUNT} counter"]
+        for (model, status), count in counts:
+            lines.append(f'{REQUEST_LOG_COUNT}{{model_name="{_escape(model)}",status="{status}"}} {count}')
         return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import math
 import re
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 from urllib.parse import unquote
@@ -44,6 +45,7 @@ from serving.limits import (
 from serving.model_manager import ModelManager
 from serving.monitoring import METRICS_PATH, RequestMetrics
 from serving.predictor import Predictor
+from serving.request_log import RequestLogger, predict_messages_from_arrays
 from serving.servable import ServableVersion, dtype_label
 
 logger = logging.getLogger(__name__)
@@ -348,12 +350,13 @@ class RestApi:
     """The protocol: maps one HTTP request to a status code and a JSON-serialisable body."""
 
     def __init__(self, manager: ModelManager, predictor: Predictor, executor: Executor, inline_bytes: int,
-                 metrics: RequestMetrics | None = None) -> None:
+                 metrics: RequestMetrics | None = None, request_logger: RequestLogger | None = None) -> None:
         self.manager = manager
         self.predictor = predictor
         self.executor = executor
         self.inline_bytes = inline_bytes
         self.metrics = metrics or RequestMetrics()
+        self.request_logger = request_logger
         self._json_limits_cache: dict[int, tuple[ServableVersion, tuple[int, int]]] = {}
 
     async def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -404,8 +407,13 @@ class RestApi:
         else:
             prepared = self._prepare(servable, body)
         signature_name, arrays, row_format = prepared
-        _, outputs = await self.predictor.predict(servable, signature_name, arrays, "rest")
-        return outputs_to_json(outputs, row_format)
+        signature, outputs = await self.predictor.predict(servable, signature_name, arrays, "rest")
+        answer = outputs_to_json(outputs, row_format)
+        if self.request_logger is not None and self.request_logger.sample():
+            self.request_logger.submit(servable.model_name, functools.partial(
+                predict_messages_from_arrays, servable.model_name, version, label, servable.version, signature.name,
+                arrays, outputs))
+        return answer
 
     def _json_limits(self, servable: ServableVersion) -> tuple[int, int]:
         """(items, depth) a valid body for `servable` can need; the signature is named inside the body, so the most
@@ -713,9 +721,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class RestServer:
-    """`RestApp` on uvicorn, serving on an already bound socket inside the server's event loop."""
+    """An ASGI app (`RestApp`, or `mlops log-proxy`'s forwarder) on uvicorn, serving on an already bound socket inside
+    the server's event loop."""
 
-    def __init__(self, app: RestApp, sock: socket.socket, limits: ServingLimits) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], sock: socket.socket, limits: ServingLimits) -> None:
         self.sock = sock
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(

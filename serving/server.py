@@ -32,6 +32,7 @@ from serving.model_manager import ConfigError, ModelManager, single_model_config
 from serving.model_repository import RepositoryError, parse_model_server_config
 from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
+from serving.request_log import RequestLogger
 from serving.rest_api import RestApi, RestApp, RestServer, bind_socket
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class ModelServer:
     retried, see ModelManager). `batching` turns on server-side batching with TF Serving's parameters; without it
     each request runs alone, one per CPU core at a time. gRPC's status, metadata and reload calls run on
     `grpc_workers` threads (predictions run on the event loop). `limits` bounds each request and the load in flight.
+    With a `request_logger`, sampled predictions of both transports are logged (serving/request_log.py); `stop`
+    writes what it holds and closes it.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class ModelServer:
         limits: ServingLimits | None = None,
         max_num_load_retries: int = DEFAULT_MAX_NUM_LOAD_RETRIES,
         load_retry_interval_s: float = DEFAULT_LOAD_RETRY_INTERVAL_S,
+        request_logger: RequestLogger | None = None,
     ) -> None:
         if (config is None) == (config_path is None):
             raise ValueError("Give exactly one of config (a ModelServerConfig) or config_path (a models.config file).")
@@ -82,6 +86,9 @@ class ModelServer:
         self.admission = AdmissionControl(self.limits.max_in_flight_requests, self.limits.max_in_flight_bytes)
         # TF Serving's request counters and latency histogram, shared by REST and gRPC (serving/monitoring.py).
         self.metrics = RequestMetrics()
+        self.request_logger = request_logger
+        if request_logger is not None:
+            self.metrics.request_log = request_logger.metrics
         self.scheduler: BatchScheduler | None = None
         self._requested_ports = (rest_port, grpc_port)
         self.rest_port: int | None = None
@@ -139,13 +146,14 @@ class ModelServer:
 
         async def start_front_ends() -> None:
             if rest_socket is not None:
-                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes, self.metrics)
+                api = RestApi(self.manager, predictor, self._executor, self.limits.inline_bytes, self.metrics,
+                              self.request_logger)
                 self._rest = RestServer(RestApp(api, self.limits, self.admission), rest_socket, self.limits)
                 self.rest_port = self._rest.port
                 await self._rest.start()
             if grpc_port is not None:
                 self._grpc = GrpcServer(self.manager, predictor, self.admission, self.limits, self.host, grpc_port,
-                                        self.grpc_workers, self._executor, self.metrics)
+                                        self.grpc_workers, self._executor, self.metrics, self.request_logger)
                 self.grpc_port = self._grpc.port
                 await self._grpc.start()
 
@@ -186,6 +194,8 @@ class ModelServer:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
+        if self.request_logger is not None:  # after the front ends: no request is left to log
+            self.request_logger.close()
         self.manager.unload_all()
 
     def reload(self) -> list[str]:

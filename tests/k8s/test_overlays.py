@@ -40,11 +40,13 @@ def test_the_dev_overlay_binds_on_kinds_local_path_provisioner():
         assert volume["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"], "readOnly": True}
 
 
-def test_the_dev_overlay_runs_the_image_kind_loaded():
+def test_the_dev_overlay_runs_the_images_kind_loaded():
     for deployment in of_kind(render("k8s/serving/overlays/dev"), "Deployment").values():
-        [server] = deployment["spec"]["template"]["spec"]["containers"]
-        # Always would pull it again from a registry the kind node may not reach.
-        assert server["imagePullPolicy"] == "IfNotPresent", deployment["metadata"]["name"]
+        found = deployment["spec"]["template"]["spec"]["containers"]
+        assert [c["name"] for c in found] == ["tfserving", "log-proxy"]
+        # Always would pull them again from a registry the kind node may not reach.
+        for container in found:
+            assert container["imagePullPolicy"] == "IfNotPresent", (deployment["metadata"]["name"], container["name"])
 
 
 def expected_pods(objects: list[dict], selector: dict[str, str]) -> int:

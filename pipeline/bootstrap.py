@@ -24,6 +24,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline.config import (
     EPOCH_FORMAT,
+    FEATURE_NAME,
     REGRESSION_TOLERANCE_SHARE,
     TOLERANCE_KEYS,
     BeamConfig,
@@ -32,6 +33,7 @@ from pipeline.config import (
     LabelConfig,
     PipelineConfig,
     load_config,
+    usable_name,
 )
 from pipeline.data import (
     COMMON_MISSING_MARKERS,
@@ -351,6 +353,11 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
     placements = []
     for column in header:
         if column == label:
+            continue
+        if not FEATURE_NAME.fullmatch(column):
+            placements.append(Placement(column, None, "no model input can have this name (letters, digits, _, . and "
+                                                      f"- only): rename the column, e.g. to {usable_name(column)!r}, "
+                                                      "to use it"))
             continue
         profile = profiles[column]
         values = _values(profile, markers)

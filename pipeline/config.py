@@ -30,6 +30,15 @@ EPOCH_FORMAT = "%s"
 DATETIME_ID_PARTS = {"month": 12, "day_of_week": 7, "hour": 24}
 
 
+# What a SavedModel signature and a Keras layer accept as a name: a feature column is both once it is served.
+FEATURE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.-]*")
+
+
+def usable_name(name: str) -> str:
+    """`name` as a served feature can be named, for a message to propose."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower() or "feature"
+
+
 def datetime_fields(fmt: str, key: str = "data.datetime_features") -> list[str]:
     """The fields a format writes, in order (["epoch"] for %s). Any run of characters other than digits separates two
     fields, so the format's own separators only document the data; fields beyond the ones it names are ignored."""
@@ -839,6 +848,11 @@ def _validate(config: PipelineConfig) -> None:
                 where = f"twice in data.{group}" if seen[name] == group else f"in data.{seen[name]} and data.{group}"
                 raise ConfigError(f"feature '{name}' is listed {where}; keep one.")
             seen[name] = group
+    for name in config.features:
+        if not FEATURE_NAME.fullmatch(name):
+            raise ConfigError(f"feature '{name}' cannot name a model input (a SavedModel signature takes letters, "
+                              "digits, _, . and - only, not first _ or -); rename the column in the CSV header, for "
+                              f"example to '{usable_name(name)}'.")
     for column, fmt in config.data.datetime_features.items():
         for part in datetime_parts(datetime_fields(fmt, f"data.datetime_features.{column}")):
             if f"{column}_{part}" in seen:

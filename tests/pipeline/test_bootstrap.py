@@ -2,6 +2,7 @@
 accepts on that same data, and a starter config that loads and runs the data stages."""
 import csv
 import random
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pipeline.bootstrap import (
     read_as_markers,
     regression_tolerances,
 )
-from pipeline.config import TOLERANCE_KEYS, load_config, tolerance_note
+from pipeline.config import TOLERANCE_KEYS, ConfigError, load_config, tolerance_note
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
 HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
@@ -325,3 +326,21 @@ def test_a_date_column_keeps_no_closed_list_of_values_in_the_schema():
     finished = finish_schema(schema, "label", ["day"])
     assert [d.name for d in finished.string_domain] == ["city"]
     assert not finished.feature[0].HasField("domain") and finished.feature[1].domain == "city"
+
+
+@pytest.mark.parametrize("column, usable", [("Flipper Length (mm)", None), ("Delta 15 N (o/oo)", None),
+                                            ("_private", None), ("-dash", None), ("flipper_length.mm-2", "ok")])
+def test_a_column_no_model_input_can_be_named_after_is_left_out_with_the_name_to_rename_it_to(column, usable):
+    values = Counter({f"{v}.5": 1 for v in range(40)})
+    profile = ColumnProfile(column, rows=40, values=values, types=Counter(float=40))
+    (placement,) = place_features([column], "label", {column: profile}, [], {column: schema_pb2.FLOAT},
+                                  statistics_pb2.DatasetFeatureStatistics())
+    if usable:
+        assert placement.group == "numeric"
+        return
+    assert placement.group is None
+    assert placement.reason.startswith("no model input can have this name (letters, digits, _, . and - only): "
+                                       "rename the column, e.g. to '")
+    # A SavedModel signature refuses such a name: the config says so before anything runs.
+    with pytest.raises(ConfigError, match=f"feature '{re.escape(column)}' cannot name a model input"):
+        load_config(None, [f"data.numeric_features=[fare, '{column}']"])

@@ -424,6 +424,9 @@ def create_pipeline(
         model_blessing=evaluator.outputs["blessing"],
         serving_base_dir=artifacts.absolute(config.serving_base_dir),
         model_name=config.model_name,
+        # The version carries its training schema and statistics: `mlops monitor` compares the requests with them.
+        schema=schema_gen.outputs["schema"],
+        statistics=statistics_gen.outputs["statistics"],
     ).with_id("Publisher")
     components += [trainer, optimizer, *([model_resolver] if model_resolver else []), evaluator, exporter, publisher]
     return _pipeline(config, deployment, components)

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.model import apply_hyperparameters
+from components.publisher.publish import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 from pipeline import cli
 from pipeline.runner import run_local
 from tests.browser import render
@@ -86,6 +88,11 @@ def test_pushed_version_holds_four_verified_formats(first_and_second_run):
         assert artifacts[name]["max_abs_diff"] <= 1e-4, name
     for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
         assert artifacts[name]["auc"] >= report["reference"]["auc"] - config.export.max_quantized_degradation, name
+    # The version carries what it was trained on, for `mlops monitor`: the curated schema, the train split's statistics.
+    assert (pushed / TRAINING_SCHEMA_FILE).read_text() == Path(config.schema_path).read_text()
+    statistics = statistics_pb2.DatasetFeatureStatisticsList.FromString(
+        (pushed / TRAINING_STATISTICS_FILE).read_bytes())
+    assert statistics.datasets[0].num_examples == first.data["rows"]["train"]
 
 
 def test_evaluated_and_pushed_model_is_the_pruned_one(first_and_second_run):

@@ -8,7 +8,22 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import path_utils
 
-from components.publisher.publish import publish_model
+from components import artifacts
+from components.publisher.publish import TrainingData, publish_model
+
+# The split whose statistics the model learnt from.
+TRAIN_SPLIT = "train"
+
+
+def training_data(input_dict: dict[str, list[Any]]) -> TrainingData | None:
+    """The schema file and the train split's statistics file of the inputs; None unless both are wired."""
+    if not input_dict.get("schema") or not input_dict.get("statistics"):
+        return None
+    schema = artifact_utils.get_single_instance(input_dict["schema"])
+    statistics = artifact_utils.get_single_instance(input_dict["statistics"])
+    return TrainingData(
+        schema=artifacts.join(schema.uri, artifacts.SCHEMA_FILE),
+        statistics=artifacts.join(artifacts.split_uri(statistics.uri, TRAIN_SPLIT), artifacts.STATISTICS_FILE))
 
 
 class Executor(base_executor.BaseExecutor):
@@ -28,7 +43,7 @@ class Executor(base_executor.BaseExecutor):
             "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         published = publish_model(path_utils.serving_model_path(model.uri), exec_properties["serving_base_dir"],
-                                  exec_properties["model_name"], record)
+                                  exec_properties["model_name"], record, training_data(input_dict))
         logging.info("published version %d at %s (%s)", published.version, published.path,
                      "new" if published.new else "the same model was already published")
         pushed.set_int_custom_property("pushed", 1)

@@ -5,6 +5,10 @@ The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...).
 (on Kubeflow: `<kubeflow.output_root>/serving`), where staging, a claimed number and a MANIFEST.json created last
 do (serving/gcs_repository.py); any other URI is refused, never written to the local disk. The same model published
 twice (a retried or re-executed component) is the same version, not a new one.
+
+Beside the model, a version carries the schema and the training split's statistics it was trained on, in
+`assets.extra/training/` (TF Serving loads nothing from assets.extra but its warm-up file): `mlops monitor` compares
+the requests the version answers with them, from the model repository alone.
 """
 from __future__ import annotations
 
@@ -26,6 +30,22 @@ from serving.model_repository import (
 )
 
 EXPORT_REPORT_FILE = "export_report.json"
+# A version's training data contract and statistics, relative to its folder (monitoring/ reads them).
+TRAINING_SCHEMA_FILE = "assets.extra/training/schema.pbtxt"
+TRAINING_STATISTICS_FILE = "assets.extra/training/statistics.pb"
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What the model was trained on: the schema (text format) and the training split's TFDV statistics (a binary
+    DatasetFeatureStatisticsList), each a file any tf.io.gfile path names."""
+
+    schema: str
+    statistics: str
+
+    def files(self) -> dict[str, str]:
+        """Version-relative name -> source file."""
+        return {TRAINING_SCHEMA_FILE: self.schema, TRAINING_STATISTICS_FILE: self.statistics}
 
 
 @dataclass(frozen=True)
@@ -56,24 +76,31 @@ def _gfile_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
 
 def source_manifest(source_dir: str) -> dict[str, dict[str, object]]:
     """The manifest the repository would write for `source_dir` (any file system tf.io.gfile reads)."""
+    root = source_dir.rstrip("/")
+    return {posixpath.relpath(path, root): _file_entry(path) for path in sorted(_walk_files(root))}
+
+
+def _copy_tree(source_dir: str, target: Path, extra: Mapping[str, str] | None = None) -> None:
     import tensorflow as tf
 
     root = source_dir.rstrip("/")
-    return {
-        posixpath.relpath(path, root): {"sha256": file_sha256(_gfile_chunks(path)),
-                                        "bytes": tf.io.gfile.stat(path).length}
-        for path in sorted(_walk_files(root))
-    }
-
-
-def _copy_tree(source_dir: str, target: Path) -> None:
-    import tensorflow as tf
-
-    root = source_dir.rstrip("/")
-    for path in _walk_files(root):
-        destination = target / posixpath.relpath(path, root)
+    files = {posixpath.relpath(path, root): path for path in _walk_files(root)}
+    for relative, path in {**files, **(extra or {})}.items():
+        destination = target / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
         tf.io.gfile.copy(path, str(destination), overwrite=True)
+
+
+def _exists(path: str) -> bool:
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
+
+
+def _file_entry(path: str) -> dict[str, object]:
+    import tensorflow as tf
+
+    return {"sha256": file_sha256(_gfile_chunks(path)), "bytes": tf.io.gfile.stat(path).length}
 
 
 def _export_report(source_dir: str) -> dict[str, Any] | None:
@@ -113,10 +140,12 @@ def export_calibration(source_dir: str) -> dict[str, Any] | None:
 
 
 def publish_model(
-    source_dir: str, serving_base_dir: str, model_name: str, record: Mapping[str, object]
+    source_dir: str, serving_base_dir: str, model_name: str, record: Mapping[str, object],
+    training: TrainingData | None = None,
 ) -> PublishedVersion:
     """Publishes the SavedModel folder `source_dir` (with its other formats and export report) as the next version
-    of `model_name` under `serving_base_dir`, with `record` in its publication.json.
+    of `model_name` under `serving_base_dir`, with `record` in its publication.json and, when given, the schema and
+    statistics of its training data in assets.extra/training/.
 
     Publishing routes no traffic. Only when no track serves the model yet (its first version) does each track's
     config start serving it, so that a server started on the repository has something to answer with; after that
@@ -141,11 +170,18 @@ def publish_model(
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:
         raise RepositoryError(f"{source_dir} already holds a {PUBLICATION_FILE}; publish an export folder.")
+    extra = training.files() if training is not None else {}
+    missing = [path for path in extra.values() if not _exists(path)]
+    if missing:
+        raise RepositoryError(f"the training data file {missing[0]} does not exist, so the version could not carry it; "
+                              "publish from a pipeline run whose StatisticsGen and schema artifacts are in place.")
+    # The training files count in the content: the version is the same only with the same model and the same data.
+    manifest = {**manifest, **{name: _file_entry(path) for name, path in extra.items()}}
     existing = repository.version_with_content(model_name, content_digest(manifest))
     if existing is not None:
         version, new = existing, False
     else:
-        version = repository.publish(model_name, lambda folder: _copy_tree(source_dir, folder), record)
+        version = repository.publish(model_name, lambda folder: _copy_tree(source_dir, folder, extra), record)
         new = True
     bootstrapped = tuple(track for track in TRACK_CONFIG_FILES
                          if open_repository(serving_base_dir, track).serve_if_unserved(model_name, version, track))

@@ -1,10 +1,16 @@
 """The Publisher's plain function: staged, checksummed, numbered versions; the same model is the same version; a
-changed file is caught; publishing serves nothing after the first version; `mlops versions` reports it all."""
+changed file is caught; publishing serves nothing after the first version; `mlops versions` reports it all; a
+version carries its training schema and statistics for `mlops monitor`."""
 import json
 
 import pytest
 
-from components.publisher.publish import publish_model
+from components.publisher.publish import (
+    TRAINING_SCHEMA_FILE,
+    TRAINING_STATISTICS_FILE,
+    TrainingData,
+    publish_model,
+)
 from serving.model_repository import ModelRepository, RepositoryError
 from serving.rollout.cli import version_rows
 from tests.serving.conftest import save_tiny_model
@@ -94,3 +100,69 @@ def test_an_uncalibrated_model_publishes_no_threshold(tmp_path, exports):
     publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
     assert "calibration" not in ModelRepository(base).publication("taxi", 1)
     assert version_rows(str(base), "taxi")[0]["threshold"] is None
+
+
+def training_files(folder, statistics=b"statistics"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "schema.pbtxt").write_text('feature { name: "fare" type: FLOAT }\n')
+    (folder / "FeatureStats.pb").write_bytes(statistics)
+    return TrainingData(schema=str(folder / "schema.pbtxt"), statistics=str(folder / "FeatureStats.pb"))
+
+
+def test_a_version_carries_its_training_schema_and_statistics_where_tf_serving_ignores_them(tmp_path, exports):
+    import tensorflow as tf
+
+    base = tmp_path / "serving"
+    training = training_files(tmp_path / "training")
+    published = publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True}, training)
+    version = base / "taxi" / str(published.version)
+    assert (version / TRAINING_SCHEMA_FILE).read_bytes() == (tmp_path / "training" / "schema.pbtxt").read_bytes()
+    assert (version / TRAINING_STATISTICS_FILE).read_bytes() == b"statistics"
+    assert TRAINING_SCHEMA_FILE.startswith("assets.extra/") and TRAINING_STATISTICS_FILE.startswith("assets.extra/")
+    manifest = json.loads((version / "MANIFEST.json").read_text())["files"]
+    assert {TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE} <= set(manifest)
+    assert ModelRepository(base).verify("taxi", published.version).state == "ok"
+    loaded = tf.saved_model.load(str(version))
+    assert "serving_default" in loaded.signatures
+
+
+def test_the_same_model_and_data_are_the_same_version_and_other_data_a_new_one(tmp_path, exports):
+    base = str(tmp_path / "serving")
+    training = training_files(tmp_path / "training")
+    first = publish_model(str(exports["a"]), base, "taxi", {"blessed": True}, training)
+    again = publish_model(str(exports["a"]), base, "taxi", {"blessed": True}, training)
+    assert (first.version, first.new, again.version, again.new) == (1, True, 1, False)
+    other = publish_model(str(exports["a"]), base, "taxi", {"blessed": True},
+                          training_files(tmp_path / "other", b"other statistics"))
+    assert (other.version, other.new) == (2, True)
+    bare = publish_model(str(exports["a"]), base, "taxi", {"blessed": True})
+    assert (bare.version, bare.new) == (3, True), "without the training data it is another version's content"
+    assert not (tmp_path / "serving" / "taxi" / "3" / "assets.extra").exists()
+
+
+def test_a_missing_training_file_is_refused_before_anything_is_written(tmp_path, exports):
+    training = training_files(tmp_path / "training")
+    training = TrainingData(schema=training.schema, statistics=str(tmp_path / "nowhere" / "FeatureStats.pb"))
+    with pytest.raises(RepositoryError) as error:
+        publish_model(str(exports["a"]), str(tmp_path / "serving"), "taxi", {"blessed": True}, training)
+    assert str(error.value) == (f"the training data file {tmp_path}/nowhere/FeatureStats.pb does not exist, so the "
+                                "version could not carry it; publish from a pipeline run whose StatisticsGen and "
+                                "schema artifacts are in place.")
+    assert not (tmp_path / "serving" / "taxi").exists()
+
+
+def test_the_executor_takes_the_schema_and_the_train_splits_statistics(tmp_path):
+    from tfx.types import artifact_utils, standard_artifacts
+
+    from components.publisher.executor import training_data
+
+    schema = standard_artifacts.Schema()
+    schema.uri = str(tmp_path / "schema")
+    statistics = standard_artifacts.ExampleStatistics()
+    statistics.uri = str(tmp_path / "statistics")
+    statistics.split_names = artifact_utils.encode_split_names(["train", "eval"])
+    assert training_data({"schema": [schema], "statistics": [statistics]}) == TrainingData(
+        schema=f"{tmp_path}/schema/schema.pbtxt", statistics=f"{tmp_path}/statistics/Split-train/FeatureStats.pb")
+    assert training_data({"schema": [schema]}) is None
+    assert training_data({"schema": [], "statistics": [statistics]}) is None
+    assert training_data({}) is None

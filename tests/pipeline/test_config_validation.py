@@ -297,3 +297,53 @@ def test_calibration_values_just_inside_their_limits():
     regression = load_config(None, ["label.kind=regression", "label.relative_to=", "data.calibration_buckets=0"])
     assert regression.data.calibration_buckets == 0
     assert "must be one of" in refusal("calibration.method=isotonic")
+
+
+DISTANCE = "but the distance it bounds lies between 0 and 1; set a value in [0, 1]"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    *[([f"monitoring.{key}={value}"], f"monitoring.{key} is {value}, {DISTANCE}.")
+      for key in ("categorical_skew", "numeric_skew", "categorical_drift", "numeric_drift")
+      for value in (-0.001, 1.001)],
+    (["monitoring.features.fare.skew=1.001"], f"monitoring.features.fare.skew is 1.001, {DISTANCE} or null."),
+    (["monitoring.features.company.drift=-0.001"],
+     f"monitoring.features.company.drift is -0.001, {DISTANCE} or null."),
+    (["monitoring.features.tips.skew=0.2"], "monitoring.features.tips is not a feature of this config; use one of "
+     "fare, trip_miles, trip_seconds, pickup_latitude, pickup_longitude, dropoff_latitude, dropoff_longitude, "
+     "payment_type, company, dropoff_census_tract, trip_start_hour, trip_start_day, trip_start_month, "
+     "pickup_community_area, dropoff_community_area."),
+    (["monitoring.window_requests=0"], "monitoring.window_requests must be at least 1; got 0."),
+    (["monitoring.min_requests=0"], "monitoring.min_requests must be at least 1; got 0."),
+    (["monitoring.request_timeout_seconds=0"], "monitoring.request_timeout_seconds must be positive."),
+    (["monitoring.pushgateway_job="], "monitoring.pushgateway_job is empty; name the Pushgateway job, e.g. "
+                                      "mlops_monitor."),
+    (["monitoring.features.fare=0.2"], "config key 'monitoring.features.fare' must be a mapping of skew, drift."),
+])
+def test_monitoring_refusals(overrides, message):
+    assert refusal(*overrides) == message
+
+
+def test_monitoring_values_just_inside_their_limits(tmp_path):
+    keys = ("categorical_skew", "numeric_skew", "categorical_drift", "numeric_drift")
+    for value in (0.0, 1.0):
+        monitoring = load_config(None, [f"monitoring.{key}={value}" for key in keys]).monitoring
+        assert [getattr(monitoring, key) for key in keys] == [value] * 4
+    monitoring = load_config(None, ["monitoring.features.fare.skew=0.0", "monitoring.features.fare.drift=1.0",
+                                    "monitoring.features.company.skew=null", "monitoring.window_requests=1",
+                                    "monitoring.min_requests=1", "monitoring.request_timeout_seconds=0.001"]).monitoring
+    assert (monitoring.features["fare"].skew, monitoring.features["fare"].drift) == (0.0, 1.0)
+    assert (monitoring.features["company"].skew, monitoring.features["company"].drift) == (None, None)
+    assert (monitoring.window_requests, monitoring.min_requests, monitoring.request_timeout_seconds) == (1, 1, 0.001)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"schema_path: {DEFAULT_CONFIG.parent / 'taxi_schema.pbtxt'}\ndata:\n  numeric_features: [fare]\n"
+                   "label:\n  column: tips\nevaluation:\n  lower_bound: 0.5\n"
+                   "monitoring:\n  features:\n    fare: {skew: 0.3}\n")
+    assert load_config(job).monitoring.features["fare"].skew == 0.3
+
+
+def test_the_monitors_folders_default_below_output_root():
+    config = load_config(None, ["output_root=/data"])
+    assert (config.request_log_dir, config.monitoring_dir) == ("/data/request_logs", "/data/monitoring")
+    config = load_config(None, ["serving.request_log.directory=gs://logs", "monitoring.output_dir=/reports"])
+    assert (config.request_log_dir, config.monitoring_dir) == ("gs://logs", "/reports")

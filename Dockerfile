@@ -33,6 +33,7 @@ COPY setup.py README.md ./
 COPY pipeline pipeline
 COPY components components
 COPY serving serving
+COPY monitoring monitoring
 RUN mkdir outputs && chown 10001:10001 outputs
 # Numeric, so that Kubernetes can verify runAsNonRoot.
 USER 10001

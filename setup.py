@@ -5,7 +5,8 @@ setup(
     name="tfx-mlops",
     version="0.1.0",
     description="A TFX pipeline from raw CSV to versioned TensorFlow Serving deployments on Kubernetes.",
-    packages=find_packages(include=["pipeline", "pipeline.*", "components", "components.*", "serving", "serving.*"]),
+    packages=find_packages(include=["pipeline", "pipeline.*", "components", "components.*", "serving", "serving.*",
+                                    "monitoring", "monitoring.*"]),
     package_data={"pipeline": ["configs/*.yaml", "configs/*.pbtxt"]},
     python_requires=">=3.10,<3.11",
     # Exact versions live in requirements.lock; these are the direct needs for a plain pip install.

@@ -178,3 +178,35 @@ def timeline(name: str, stages: Sequence[tuple[str, float, bool]], label: str, w
             f"<text x='{x + length + 4:.1f}' y='{y + 12}'>{note}</text>")
         start += seconds
     return _svg(name, width, 8 + 20 * len(stages), "".join(parts), label)
+
+
+def grouped_bars(name: str, labels: Sequence[str], series: Sequence[tuple[str, Sequence[float]]], label: str,
+                 width: int = 560, bar_height: int = 9, percent: bool = True) -> str:
+    """Horizontal bars grouped per label, one bar per series (in the series' colour, with a legend): shares of the
+    same values in several datasets side by side. `percent` writes the values as percentages."""
+    if not labels or not series:
+        return ""
+    label_width = min(180, 12 + 6 * max(len(x) for x in labels))
+    plot = max(60, width - label_width - 56)
+    top = max((v for _, values in series for v in values if math.isfinite(v)), default=0.0) or 1.0
+    group = bar_height * len(series) + 6
+    legend = 16
+    parts = [f"<rect x='{label_width + 120 * i}' y='2' width='10' height='10' fill='{COLORS[i % len(COLORS)]}'/>"
+             f"<text x='{label_width + 14 + 120 * i}' y='11'>{html.escape(title)}</text>"
+             for i, (title, _) in enumerate(series)]
+    fits = max(8, (label_width - 12) // 6)
+    for j, text in enumerate(labels):
+        y0 = legend + 4 + j * group
+        shown = text if len(text) <= fits else text[:fits - 1] + "\u2026"
+        parts.append(f"<text x='{label_width - 6}' y='{y0 + group / 2 + 1:.1f}' text-anchor='end'>"
+                     f"{html.escape(shown)}</text>")
+        for i, (title, values) in enumerate(series):
+            value = values[j] if j < len(values) else float("nan")
+            length = plot * max(0.0, value) / top if math.isfinite(value) else 0.0
+            shown_value = f"{value:.1%}" if percent and math.isfinite(value) else _fmt(value)
+            y = y0 + i * bar_height
+            parts.append(f"<rect x='{label_width}' y='{y}' width='{length:.1f}' height='{bar_height - 1}' "
+                         f"fill='{COLORS[i % len(COLORS)]}'><title>{html.escape(f'{text}, {title}: {shown_value}')}"
+                         f"</title></rect><text x='{label_width + length + 3:.1f}' y='{y + bar_height - 1}' "
+                         f"font-size='9'>{shown_value}</text>")
+    return _svg(name, width, legend + 8 + len(labels) * group, "".join(parts), label)

@@ -13,6 +13,7 @@ import time
 from typing import NoReturn
 
 from components.compat import select_native_log_level
+from monitoring import cli as monitoring_cli
 from serving import cli as serving_cli
 from serving.rollout import cli as rollout_cli
 from serving.rollout import deploy_cli
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     serving_cli.register(commands, _add_config_args)
     rollout_cli.register(commands, _add_config_args)
     deploy_cli.register(commands, _add_config_args)
+    monitoring_cli.register(commands, _add_config_args)
     train = commands.add_parser(
         "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
     )

@@ -22,15 +22,18 @@ import yaml
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
+from monitoring.judge import feature_kind
 from pipeline.config import (
     EPOCH_FORMAT,
     FEATURE_NAME,
+    MONITORING_THRESHOLDS,
     REGRESSION_TOLERANCE_SHARE,
     TOLERANCE_KEYS,
     BeamConfig,
     ConfigError,
     DataConfig,
     LabelConfig,
+    MonitoringConfig,
     PipelineConfig,
     load_config,
     usable_name,
@@ -496,8 +499,10 @@ def _scalar(value: Any) -> str:
 def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: list[str], label_column: str,
                 label_name: str, label: LabelChoice, placements: list[Placement], schema_file: str,
                 command: str, bound: tuple[dict[str, float], str] = ({}, ""),
-                tolerances: tuple[dict[str, dict[str, float]], str] = ({}, "")) -> str:
-    """The starter config as YAML, each choice with its reason as a comment."""
+                tolerances: tuple[dict[str, dict[str, float]], str] = ({}, ""),
+                kinds: dict[str, str] | None = None) -> str:
+    """The starter config as YAML, each choice with its reason as a comment; `kinds` (feature -> categorical or
+    numeric, as `mlops monitor` compares it) adds the monitoring section."""
     lines = [f"# Written by `{command}`: a starting point to review.",
              f"# The schema ({schema_file}) and this file came from the data; {name}_statistics.html shows it.",
              "# Any key of pipeline/configs/taxi.yaml can be added; the others keep their defaults.",
@@ -547,7 +552,33 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
         if limits.get(section):
             lines += ["", f"{section}:"] + ([f"  # {why}"] if section == "optimize" else [])
             lines += [f"  {key}: {_scalar(value)}   # {comments[section]}" for key, value in limits[section].items()]
+    if kinds:
+        lines += monitoring_lines([p.column for p in placements if p.group], kinds,
+                                  {p.column for p in placements if p.group == "datetime"})
     return "\n".join(lines) + "\n"
+
+
+def monitoring_lines(features: list[str], kinds: dict[str, str], dates: set[str] = frozenset()) -> list[str]:
+    """The monitoring section of a starter config: the default thresholds, and each chosen feature's own at its
+    kind's default, to raise one by one where a feature's traffic differs by design; a date's at 1, the largest
+    distance, since served dates come after the training ones by design."""
+    defaults = MonitoringConfig()
+    lines = ["", "monitoring:                      # mlops monitor: served requests against the training data",
+             "  # Skew (against training) and drift (against the window before): the L-infinity distance of a",
+             "  # categorical feature's value shares, the Jensen-Shannon divergence of a numeric one's quantile "
+             "histograms."]
+    lines += [f"  {key}: {_scalar(getattr(defaults, key))}" for key in MONITORING_THRESHOLDS]
+    lines.append("  features:")
+    width = max((len(_scalar(name)) for name in features), default=0)
+    for name in features:
+        kind = kinds.get(name, "numeric")
+        skew, drift = getattr(defaults, f"{kind}_skew"), getattr(defaults, f"{kind}_drift")
+        note = kind
+        if name in dates:
+            skew, drift, note = 1.0, 1.0, f"{kind}; a date: never flagged by a distance"
+        lines.append(f"    {_scalar(name) + ':':<{width + 1}} {{skew: {_scalar(skew)}, drift: {_scalar(drift)}}}   "
+                     f"# {note}")
+    return lines
 
 
 def _name_from(folder: Path) -> str:
@@ -723,8 +754,10 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
     if tolerances[0]:
         print(f"tolerances: {tolerances[1]}", file=out)
     label_name = next(n for n in ("label", "target", f"{label}_label") if n not in header)
+    # How `mlops monitor` will compare each feature: by the type the schema gives it.
+    kinds = {feature.name: feature_kind(feature) for feature in schema.feature}
     config = config_text(name, folder.resolve(), markers, marker_notes, label, label_name, choice, placements,
-                         paths[1].name, command, bound, tolerances)
+                         paths[1].name, command, bound, tolerances, kinds)
     notes = [f"Missing-value markers read as empty cells: {', '.join(repr(m) for m in markers) or 'none'}."]
     page = statistics_html(statistics, f"Statistics of {folder.resolve()}", notes)
     texts = [config, schema_text(schema, folder.resolve(), command), page]

@@ -17,13 +17,21 @@ from pipeline.bootstrap import (
     datetime_format,
     finish_schema,
     infer_label,
+    monitoring_lines,
     place_features,
     propose_junk_markers,
     propose_markers,
     read_as_markers,
     regression_tolerances,
 )
-from pipeline.config import TOLERANCE_KEYS, ConfigError, load_config, tolerance_note
+from pipeline.config import (
+    TOLERANCE_KEYS,
+    ConfigError,
+    MonitoringConfig,
+    MonitoringFeatureConfig,
+    load_config,
+    tolerance_note,
+)
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
 HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
@@ -72,7 +80,18 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
     assert config.data.vocab_features == ["city", "note"]
     assert config.data.category_features == ["rooms"], "a small set of integers from 1 to 6 is codes, used as ids"
     assert "bought" not in config.features and "house_id" not in config.features and "country" not in config.features
+    # `mlops monitor`'s thresholds: every chosen feature at its kind's default (strings categorical, numbers numeric).
+    monitoring = config.monitoring
+    assert sorted(monitoring.features) == sorted(config.features)
+    assert monitoring.features["city"] == MonitoringFeatureConfig(skew=monitoring.categorical_skew,
+                                                                  drift=monitoring.categorical_drift)
+    for name in ("age", "income", "rooms"):
+        assert monitoring.features[name] == MonitoringFeatureConfig(skew=monitoring.numeric_skew,
+                                                                    drift=monitoring.numeric_drift), name
+    assert (monitoring.categorical_skew, monitoring.numeric_skew) == (MonitoringConfig().categorical_skew,
+                                                                     MonitoringConfig().numeric_skew)
     written = config_path.read_text()
+    assert "    city:   {skew: 0.1, drift: 0.1}   # categorical" in written
     assert "#   house_id: strings, 160 distinct values in 160 rows: an identifier" in written
     assert "#   country: one value only ('FR')" in written
 
@@ -344,3 +363,14 @@ def test_a_column_no_model_input_can_be_named_after_is_left_out_with_the_name_to
     # A SavedModel signature refuses such a name: the config says so before anything runs.
     with pytest.raises(ConfigError, match=f"feature '{re.escape(column)}' cannot name a model input"):
         load_config(None, [f"data.numeric_features=[fare, '{column}']"])
+
+
+def test_the_monitoring_section_gives_each_feature_its_kinds_thresholds_and_a_date_none():
+    lines = monitoring_lines(["fare", "company", "pickup_day"], {"fare": "numeric", "company": "categorical",
+                                                                  "pickup_day": "categorical"}, {"pickup_day"})
+    defaults = MonitoringConfig()
+    assert lines[-3:] == [
+        f"    fare:       {{skew: {defaults.numeric_skew}, drift: {defaults.numeric_drift}}}   # numeric",
+        f"    company:    {{skew: {defaults.categorical_skew}, drift: {defaults.categorical_drift}}}   # categorical",
+        "    pickup_day: {skew: 1.0, drift: 1.0}   # categorical; a date: never flagged by a distance"]
+    assert "monitoring:" in lines[1] and "  categorical_skew: 0.1" in lines

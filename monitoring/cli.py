@@ -14,7 +14,10 @@ def register(subparsers: argparse._SubParsersAction,
              add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
     monitor = subparsers.add_parser(
         "monitor", help="served requests against the version's training data (skew) and the window before (drift): "
-                        "an HTML page, a JSON record and Prometheus gauges; exit code 3 when a threshold is crossed")
+                        "an HTML page, a JSON record and Prometheus gauges; exit code 3 when a threshold is crossed",
+        epilog="exit codes: 0 no threshold crossed (or too few requests to judge); 3 a feature flagged; 2 a problem "
+               "to fix first (no logs, a version without training data, a bad window); 1 the Pushgateway did not "
+               "take the gauges")
     add_config_args(monitor)
     monitor.add_argument("--since", help="the window's start: an ISO 8601 UTC time (2026-01-31T14:00:00Z) or a span "
                                          "before now (90m, 2h, 1d)")

@@ -2,9 +2,9 @@
 window before (drift), measured by TFDV's comparators and held to the feature's threshold, and the served data checked
 against the training schema in its SERVING environment.
 
-A categorical feature (strings, or integers the schema marks categorical) is measured by the L-infinity distance
-between its value shares, a numeric one by the approximate Jensen-Shannon divergence between its quantile histograms;
-each distance lies in [0, 1] and crosses its threshold when it is above it, as TFDV reports an anomaly.
+A categorical feature (strings) is measured by the L-infinity distance between its value shares, a numeric one
+(integers too) by the approximate Jensen-Shannon divergence between its quantile histograms; each distance lies in
+[0, 1] and crosses its threshold when it is above it, as TFDV reports an anomaly.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ SERVING = "SERVING"
 DATASET = "(dataset)"
 _MEASUREMENT_TYPES = {CATEGORICAL: anomalies_pb2.DriftSkewInfo.Measurement.L_INFTY,
                       NUMERIC: anomalies_pb2.DriftSkewInfo.Measurement.JENSEN_SHANNON_DIVERGENCE}
+_MEASUREMENTS = {"skew": "skew_measurements", "drift": "drift_measurements"}
 # The reasons TFDV gives for a comparator's distance; every other reason is the schema's.
 _COMPARATOR_REASONS = {
     anomalies_pb2.AnomalyInfo.COMPARATOR_L_INFTY_HIGH,
@@ -35,10 +36,10 @@ _COMPARATOR_REASONS = {
 
 
 def feature_kind(feature: schema_pb2.Feature) -> str:
-    """How a schema feature's distributions are compared: categorical for strings and categorical integers."""
-    if feature.type == schema_pb2.BYTES or (feature.type == schema_pb2.INT and feature.int_domain.is_categorical):
-        return CATEGORICAL
-    return NUMERIC
+    """How a schema feature's distributions are compared: categorical for strings, numeric otherwise."""
+    # Integers too, even those the schema marks categorical: StatisticsGen, given no schema, gives them histograms and
+    # no value shares, and TFDV's L-infinity distance between two such statistics is always 0.
+    return CATEGORICAL if feature.type == schema_pb2.BYTES else NUMERIC
 
 
 def threshold(monitoring: MonitoringConfig, name: str, kind: str, comparison: str) -> float:
@@ -112,8 +113,7 @@ def measured(anomalies: anomalies_pb2.Anomalies, kinds: dict[str, str], comparis
         name = _name(info.path)
         if name not in kinds:
             continue
-        measurements = info.skew_measurements if comparison == "skew" else info.drift_measurements
-        for measurement in measurements:
+        for measurement in getattr(info, _MEASUREMENTS[comparison]):
             if measurement.type == _MEASUREMENT_TYPES[kinds[name]]:
                 distances[name] = Distance(MEASURES[kinds[name]], measurement.value, measurement.threshold)
     return distances
@@ -151,8 +151,8 @@ def judge(schema: schema_pb2.Schema, training: Any, serving: Any, previous: Any 
     comparing, kinds = serving_schema(schema, served, monitoring)
     checked = tfdv.validate_statistics(serving, comparing, environment=SERVING, previous_statistics=previous)
     skewed = tfdv.validate_statistics(training, comparing, serving_statistics=serving)
-    skew = measured(skewed, kinds, "skew")
-    drift = measured(checked, kinds, "drift") if previous is not None else {}
+    # Without previous statistics TFDV measures no drift.
+    skew, drift = measured(skewed, kinds, "skew"), measured(checked, kinds, "drift")
     problems = schema_anomalies(checked)
     # A served feature the schema lacks has no comparator; its statistics' type still names its kind.
     types = {(_name(f.path) or f.name): f.type for f in serving.datasets[0].features}

@@ -131,12 +131,26 @@ def test_kinds_follow_the_schema_types():
     assert gate.feature_kind(feature) == gate.CATEGORICAL
     feature = schema_pb2.Feature(name="x", type=schema_pb2.INT)
     assert gate.feature_kind(feature) == gate.NUMERIC
-    feature.int_domain.is_categorical = True
-    assert gate.feature_kind(feature) == gate.CATEGORICAL
     assert gate.feature_kind(schema_pb2.Feature(name="x", type=schema_pb2.FLOAT)) == gate.NUMERIC
-    feature = schema_pb2.Feature(name="x", type=schema_pb2.FLOAT)
-    feature.int_domain.is_categorical = True
-    assert gate.feature_kind(feature) == gate.NUMERIC
+
+
+def test_an_integer_the_schema_calls_categorical_is_compared_as_a_number(statistics, rows):
+    # Its statistics hold a histogram and no value shares, so an L-infinity distance would always read 0.
+    schema = schema_pb2.Schema.FromString(SCHEMA.SerializeToString())
+    next(f for f in schema.feature if f.name == "trip_start_hour").int_domain.is_categorical = True
+    late = [{**r, "trip_start_hour": 23} for r in rows["served"]]
+    found = {v.name: v for v in gate.judge(schema, statistics["train"], statistics_of(late, rows["types"]), None,
+                                           MonitoringConfig())}
+    hour = found["trip_start_hour"]
+    assert (hour.kind, hour.skew.measure) == (gate.NUMERIC, "Jensen-Shannon divergence") and hour.skew.crossed
+
+
+def test_a_feature_sent_as_another_type_keeps_its_schema_kind_and_is_flagged(statistics, rows):
+    types = {**rows["types"], "fare": rows["types"]["payment_type"]}
+    texts = [{**r, "fare": None if r["fare"] is None else str(r["fare"]).encode()} for r in rows["served"]]
+    found = verdicts({**statistics, "texts": statistics_of(texts, types)}, MonitoringConfig(), "texts")
+    assert found["fare"].kind == gate.NUMERIC and found["fare"].anomalies
+    assert "fare" in gate.crossed(found.values())
 
 
 def test_the_serving_schema_leaves_out_what_requests_do_not_carry_and_compares_the_rest():
@@ -225,3 +239,39 @@ def test_a_window_needs_min_requests_to_be_judged():
     assert gate.enough(1000, 1000)
     assert gate.enough(1001, 1000)
     assert not gate.enough(999, 1000)
+
+
+def _info(anomalies, path, comparison, *measurements):
+    info = anomalies.drift_skew_info.add()
+    info.path.step.extend(path)
+    for kind, value, limit in measurements:
+        target = info.skew_measurements if comparison == "skew" else info.drift_measurements
+        target.add(type=kind, value=value, threshold=limit)
+
+
+def test_measured_distances_are_the_kinds_own_measure_per_feature_and_comparison():
+    measurement = anomalies_pb2.DriftSkewInfo.Measurement
+    anomalies = anomalies_pb2.Anomalies()
+    _info(anomalies, ["unknown"], "skew", (measurement.L_INFTY, 0.9, 0.1))
+    _info(anomalies, ["company"], "skew", (measurement.JENSEN_SHANNON_DIVERGENCE, 0.7, 0.2),
+          (measurement.L_INFTY, 0.3, 0.1))
+    _info(anomalies, ["fare"], "drift", (measurement.JENSEN_SHANNON_DIVERGENCE, 0.4, 0.25))
+    _info(anomalies, ["trip", "miles"], "skew", (measurement.NORMALIZED_ABSOLUTE_DIFFERENCE, 0.5, 0.1),
+          (measurement.JENSEN_SHANNON_DIVERGENCE, 0.05, 0.25))
+    kinds = {"company": gate.CATEGORICAL, "fare": gate.NUMERIC, "trip.miles": gate.NUMERIC}
+    assert gate.measured(anomalies, kinds, "skew") == {
+        "company": gate.Distance("L-infinity distance", 0.3, 0.1),
+        "trip.miles": gate.Distance("Jensen-Shannon divergence", 0.05, 0.25)}
+    assert gate.measured(anomalies, kinds, "drift") == {"fare": gate.Distance("Jensen-Shannon divergence", 0.4, 0.25)}
+
+
+def test_a_dataset_anomaly_and_an_unknown_numeric_column_get_their_own_verdicts(statistics, rows):
+    schema = schema_pb2.Schema.FromString(SCHEMA.SerializeToString())
+    schema.dataset_constraints.min_examples_count = 10_000
+    types = {**rows["types"], "surge": rows["types"]["fare"]}
+    extra = [{**r, "surge": 1.5} for r in rows["served"]]
+    found = {v.name: v for v in gate.judge(schema, statistics["train"], statistics_of(extra, types), None,
+                                           MonitoringConfig())}
+    assert gate.crossed(found.values()) == [gate.DATASET, "surge"]
+    assert (found[gate.DATASET].kind, found[gate.DATASET].skew) == ("", None) and found[gate.DATASET].anomalies
+    assert found["surge"].kind == gate.NUMERIC and found["surge"].skew is None

@@ -35,7 +35,7 @@ def _print_summary(record: dict, folder: str) -> None:
     window = record["window"]
     if window["files"]:
         print(f"window: {window['requests']:,} requests ({window['rows']:,} rows) answered by version "
-              f"{record['version']}, logged {window['first_file_start']} to {window['last_file_end']}")
+              f"{record['version']}, logged {window['from']} to {window['to']}")
     if not record["judged"]:
         print(f"not judged: {record['note']}")
     for feature in record["features"]:

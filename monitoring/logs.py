@@ -8,8 +8,9 @@ modification time. Each record is TF Serving's `PredictionLog`: a `predict_log` 
 TensorProto per raw feature, the batch dimension first) and its response, and `log_metadata` naming the model
 version that answered and the sampling rate. Everything is read through tf.io.gfile, so the folder may be any URI.
 
-Records carry no time of their own, so a time window is a set of whole files. The statistics are built a file at a
-time (TFDV's in-memory generators, merged), so memory holds one file's requests, not the window's.
+A time window reads the files whose span meets it and takes each record by its `log_metadata.timestamp_secs` (when
+the answer was sent); a record without one goes with its file. The statistics are built a file at a time (TFDV's
+in-memory generators, merged), so memory holds one file's requests, not the window's.
 """
 from __future__ import annotations
 
@@ -253,27 +254,31 @@ class WindowStatistics:
         self.truncated: list[str] = []
         self._kinds: dict[str, str] = {}
         self._extracted = False
+        # The first and last timestamp_secs of the requests added (None: none carried one).
+        self._times: tuple[int, int] | None = None
 
     @property
     def total_requests(self) -> int:
         return sum(self.requests.values())
 
     def add_file(self, log_file: LogFile, records: list[bytes], truncated: bool = False) -> None:
+        self.note_file(log_file, truncated)
+        self.add(records)
+
+    def note_file(self, log_file: LogFile, truncated: bool = False) -> None:
+        """Counts `log_file` among the files the window read."""
         self.files.append(log_file)
         if truncated:
             self.truncated.append(log_file.path)
-        self.add(records)
 
     def add(self, records: Iterable[bytes]) -> None:
-        from google.protobuf.message import DecodeError
-        from tensorflow_serving.apis import prediction_log_pb2
+        self.add_logs(_parse(record, self.skipped) for record in records)
 
+    def add_logs(self, logs: Iterable[Any]) -> None:
+        """Adds parsed PredictionLogs (None: a record that was not one, already counted)."""
         columns: dict[int, _Columns] = {}
-        for raw in records:
-            try:
-                log = prediction_log_pb2.PredictionLog.FromString(raw)
-            except DecodeError:
-                self.skipped["not a PredictionLog"] += 1
+        for log in logs:
+            if log is None:
                 continue
             if log.WhichOneof("log_type") != "predict_log":
                 self.skipped["not a Predict request"] += 1
@@ -291,6 +296,10 @@ class WindowStatistics:
             self.rows[spec.version.value] += rows
             self.sampling_rates[float(log.log_metadata.sampling_config.sampling_rate)] += 1
             self.signatures[spec.signature_name or "serving_default"] += 1
+            stamp = log.log_metadata.timestamp_secs
+            if stamp:
+                low, high = self._times or (stamp, stamp)
+                self._times = (min(low, stamp), max(high, stamp))
         for version, batch in columns.items():
             self._add_batch(version, batch.record_batch())
 
@@ -331,7 +340,11 @@ class WindowStatistics:
         return stats_impl.extract_statistics_output(merged, self._generators)
 
     def span(self) -> tuple[datetime, datetime] | None:
-        """From the first file's start to the last file's end: the time the requests read were logged in."""
+        """When the requests were answered: from the first to the last request's own time, or without those, from
+        the first file's start to the last file's end."""
+        if self._times is not None:
+            low, high = self._times
+            return datetime.fromtimestamp(low, tz=timezone.utc), datetime.fromtimestamp(high, tz=timezone.utc)
         if not self.files:
             return None
         return min(f.start for f in self.files), max(f.end for f in self.files)
@@ -340,16 +353,44 @@ class WindowStatistics:
 Progress = Callable[[int, int, int], None]
 
 
+def _parse(record: bytes, skipped: Counter[str]) -> Any:
+    from google.protobuf.message import DecodeError
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    try:
+        return prediction_log_pb2.PredictionLog.FromString(record)
+    except DecodeError:
+        skipped["not a PredictionLog"] += 1
+        return None
+
+
 def read_time_windows(files: list[LogFile], since: datetime, until: datetime, current: WindowStatistics,
                       previous: WindowStatistics, progress: Progress | None = None) -> None:
-    """Adds the files meeting [since, until) to `current`, and those meeting the window of the same length just
-    before it (and not read already) to `previous`."""
+    """Adds the requests answered in [since, until) to `current`, and those of the window of the same length just
+    before it to `previous`: each by its own time, read from the files whose span meets either window; a request
+    without a time goes with its file (the current window's when the file meets it)."""
+    start = since - (until - since)
     now = files_between(files, since, until)
-    before = [f for f in files_between(files, since - (until - since), since) if f not in now]
-    chosen = [(f, current) for f in now] + [(f, previous) for f in before]
-    for index, (log_file, window) in enumerate(chosen, 1):
+    chosen = files_between(files, start, until)
+    bounds = (start.timestamp(), since.timestamp(), until.timestamp())
+    for index, log_file in enumerate(chosen, 1):
         records, truncated = read_records(log_file.path)
-        window.add_file(log_file, records, truncated)
+        this, before = [], []
+        for record in records:
+            log = _parse(record, (current if log_file in now else previous).skipped)
+            if log is None:
+                continue
+            stamp = log.log_metadata.timestamp_secs
+            if not stamp:
+                (this if log_file in now else before).append(log)
+            elif bounds[1] <= stamp < bounds[2]:
+                this.append(log)
+            elif bounds[0] <= stamp < bounds[1]:
+                before.append(log)
+        for window, logs in ((current, this), (previous, before)):
+            if logs:
+                window.note_file(log_file, truncated)
+                window.add_logs(logs)
         if progress:
             progress(index, len(chosen), current.total_requests + previous.total_requests)
 

@@ -161,8 +161,9 @@ def _window_record(window: logs.WindowStatistics, version: int | None) -> dict[s
     rates = [rate for rate, _ in window.sampling_rates.most_common()]
     return {
         "files": len(window.files),
-        "first_file_start": logs.utc_text(span[0]) if span else None,
-        "last_file_end": logs.utc_text(span[1]) if span else None,
+        # When its requests were answered: their own times, else their files' spans.
+        "from": logs.utc_text(span[0]) if span else None,
+        "to": logs.utc_text(span[1]) if span else None,
         "requests": requests,
         "rows": rows,
         "all_requests": window.total_requests,

@@ -49,7 +49,7 @@ def _distance(distance: dict[str, Any] | None) -> tuple[str, str]:
 def _span(window: dict[str, Any]) -> str:
     if not window["files"]:
         return "no log file"
-    return (f"{_e(window['first_file_start'])} to {_e(window['last_file_end'])} ({window['files']} log "
+    return (f"{_e(window['from'])} to {_e(window['to'])} ({window['files']} log "
             f"file{'s' * (window['files'] != 1)})")
 
 

@@ -43,15 +43,18 @@ def encode(rows: Sequence[Mapping[str, Any]], types: Mapping[str, Any]) -> dict[
 
 
 def prediction_log(inputs: Mapping[str, np.ndarray], version: int, model: str = "taxi", sampling_rate: float = 1.0,
-                   signature: str = "serving_default", as_values: bool = False) -> bytes:
+                   signature: str = "serving_default", as_values: bool = False, answered: datetime | None = None
+                   ) -> bytes:
     """One serialized PredictionLog; `as_values` writes numbers into the typed value fields instead of
-    tensor_content (both are TensorProto encodings a logger may produce)."""
+    tensor_content (both are TensorProto encodings a logger may produce); `answered` sets timestamp_secs."""
     log = prediction_log_pb2.PredictionLog()
     spec = log.log_metadata.model_spec
     spec.name, spec.signature_name = model, signature
     # version and version_label are one oneof in ModelSpec: the log names the version that answered.
     spec.version.value = version
     log.log_metadata.sampling_config.sampling_rate = sampling_rate
+    if answered is not None:
+        log.log_metadata.timestamp_secs = int(answered.timestamp())
     request = log.predict_log.request
     request.model_spec.CopyFrom(spec)
     for name, values in inputs.items():

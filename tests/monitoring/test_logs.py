@@ -103,7 +103,7 @@ def test_time_windows_read_this_window_and_the_one_as_long_before(tmp_path):
     assert current.total_requests == 3 + 4 and previous.total_requests == 1 + 2
     assert current.span() == (T0 + timedelta(minutes=20), T0 + timedelta(minutes=35))
     assert previous.span() == (T0, T0 + timedelta(minutes=20))
-    assert seen == [(1, 4, 3), (2, 4, 7), (3, 4, 8), (4, 4, 10)]
+    assert seen == [(1, 4, 1), (2, 4, 3), (3, 4, 6), (4, 4, 10)], "oldest file first"
 
 
 @pytest.mark.parametrize("count, current_files, previous_files", [
@@ -222,3 +222,35 @@ def test_times_are_iso_utc_or_spans_before_now():
     assert logs.parse_when("2026-01-30T09:00:00+01:00", now) == datetime(2026, 1, 30, 8, tzinfo=timezone.utc)
     with pytest.raises(logs.LogError, match=r"'yesterday' is not a time; write an ISO 8601 UTC time"):
         logs.parse_when("yesterday", now)
+
+
+def test_requests_with_their_own_time_are_taken_by_it_and_the_span_is_theirs(tmp_path):
+    folder = tmp_path / "taxi"
+    # One file from 12:20 to 12:40, a request a minute; the window is 12:30 to 12:40, the one before 12:20 to 12:30.
+    timed = [prediction_log(encode([row], TYPES), 1, answered=T0 + timedelta(minutes=20 + i))
+             for i, row in enumerate(rows(20))]
+    write_log_file(folder, T0 + timedelta(minutes=20), timed, modified=T0 + timedelta(minutes=40))
+    # An older file without times, wholly in the window before: its requests go with it.
+    write_log_file(folder, T0 + timedelta(minutes=5), records(3, start=100), seq=1, writer=2,
+                   modified=T0 + timedelta(minutes=25))
+    files = logs.list_log_files(str(tmp_path), "taxi")
+    current, previous = logs.WindowStatistics(), logs.WindowStatistics()
+    logs.read_time_windows(files, T0 + timedelta(minutes=30), T0 + timedelta(minutes=40), current, previous)
+    assert (current.total_requests, previous.total_requests) == (10, 10 + 3)
+    assert current.span() == (T0 + timedelta(minutes=30), T0 + timedelta(minutes=39))
+    _, fare = fares(current)
+    assert (fare.min, fare.max) == (10, 19)
+    assert [f.writer for f in current.files] == ["1"] and sorted(f.writer for f in previous.files) == ["1", "2"]
+    # The window before holds both kinds; the span is that of the requests with a time.
+    assert previous.span() == (T0 + timedelta(minutes=20), T0 + timedelta(minutes=29))
+
+
+def test_requests_outside_both_windows_are_left_out(tmp_path):
+    timed = [prediction_log(encode([row], TYPES), 1, answered=T0 + timedelta(minutes=i)) for i, row in
+             enumerate(rows(60))]
+    write_log_file(tmp_path / "taxi", T0, timed, modified=T0 + timedelta(minutes=60))
+    files = logs.list_log_files(str(tmp_path), "taxi")
+    current, previous = logs.WindowStatistics(), logs.WindowStatistics()
+    logs.read_time_windows(files, T0 + timedelta(minutes=40), T0 + timedelta(minutes=50), current, previous)
+    assert (current.total_requests, previous.total_requests) == (10, 10)
+    assert current.skipped == {} and previous.skipped == {}

@@ -129,9 +129,9 @@ def test_drift_is_judged_against_the_window_as_long_before(taxi_run, tmp_path):
     drifted = sorted(f["name"] for f in record["features"] if f["drift"] and f["drift"]["crossed"])
     assert drifted == ["fare", "payment_type"]
     # One writer: each file runs until its next one starts.
-    assert (record["window"]["first_file_start"], record["window"]["last_file_end"]) == ("2026-01-31T12:30:00Z",
+    assert (record["window"]["from"], record["window"]["to"]) == ("2026-01-31T12:30:00Z",
                                                                                          "2026-01-31T13:00:00Z")
-    assert record["previous"]["first_file_start"] == "2026-01-31T12:00:00Z"
+    assert record["previous"]["from"] == "2026-01-31T12:00:00Z"
     shutil.rmtree(folder)
     # 13:00 to 13:30 against 12:30 to 13:00: shifted both times, so no drift, and the skew stays.
     code = cli.main(["monitor", *as_cli_flags(overrides(taxi_run, tmp_path)), "--since", "2026-01-31T13:00:00Z",

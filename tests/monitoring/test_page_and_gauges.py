@@ -13,10 +13,10 @@ HOSTILE = "<script>alert(1)</script>"
 RECORD = {
     "model": "taxi", "version": 3, "judged": True, "note": "",
     "asked": {"since": None, "until": None, "last": 500},
-    "window": {"files": 2, "first_file_start": "2026-01-31T12:00:00Z", "last_file_end": "2026-01-31T12:10:00Z",
+    "window": {"files": 2, "from": "2026-01-31T12:00:00Z", "to": "2026-01-31T12:10:00Z",
                "requests": 500, "rows": 620, "all_requests": 510, "versions": {"3": 500, "2": 10},
                "sampling_rates": [0.5], "skipped": {"not a Predict request": 4}, "truncated_files": []},
-    "previous": {"files": 0, "first_file_start": None, "last_file_end": None, "requests": 0, "rows": 0,
+    "previous": {"files": 0, "from": None, "to": None, "requests": 0, "rows": 0,
                  "all_requests": 0, "versions": {}, "sampling_rates": [], "skipped": {}, "truncated_files": [],
                  "judged": False},
     "thresholds": {"categorical_skew": 0.1, "numeric_skew": 0.25, "categorical_drift": 0.1, "numeric_drift": 0.25},

@@ -9,12 +9,7 @@ from typing import Any
 
 from pipeline import charts
 
-STYLE = """
-body{font-family:sans-serif;margin:1.5em 2em;color:#222;max-width:1100px}
-h1{margin-bottom:.2em}h2{border-bottom:2px solid #4a7bb7;padding-bottom:2px;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:3px 8px;text-align:right;border-bottom:1px solid #ddd}
-td:first-child,th:first-child,td.left,th.left{text-align:left}th{background:#f3f5f8}
-.note{color:#555;font-size:.92em}.bad{color:#b00;font-weight:bold}.good{color:#277a3e;font-weight:bold}
+STYLE = charts.PAGE_STYLE + """
 .verdict{font-size:1.15em}.charts{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}
 .feature{border-top:1px solid #ddd;margin-top:1em}.flagged h3{color:#b00}
 table.features td:nth-child(2),table.features td:nth-child(3),table.features td:last-child{text-align:left}

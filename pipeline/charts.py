@@ -210,3 +210,13 @@ def grouped_bars(name: str, labels: Sequence[str], series: Sequence[tuple[str, S
                          f"</title></rect><text x='{label_width + length + 3:.1f}' y='{y + bar_height - 1}' "
                          f"font-size='9'>{shown_value}</text>")
     return _svg(name, width, legend + 8 + len(labels) * group, "".join(parts), label)
+
+
+# The look the run report and the monitor page share: headings, tables, good and bad figures.
+PAGE_STYLE = """
+body{font-family:sans-serif;margin:1.5em 2em;color:#222;max-width:1100px}
+h1{margin-bottom:.2em}h2{border-bottom:2px solid #4a7bb7;padding-bottom:2px;margin-top:1.6em}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:3px 8px;text-align:right;border-bottom:1px solid #ddd}
+td:first-child,th:first-child,td.left,th.left{text-align:left}th{background:#f3f5f8}
+.note{color:#555;font-size:.92em}.bad{color:#b00;font-weight:bold}.good{color:#277a3e;font-weight:bold}
+"""

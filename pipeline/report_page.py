@@ -23,12 +23,7 @@ DEFAULT_THRESHOLD = 0.5
 # Where `mlops serve` listens by default (serving/cli.py).
 REST_URL = "http://127.0.0.1:8501"
 GRPC_TARGET = "127.0.0.1:8500"
-STYLE = """
-body{font-family:sans-serif;margin:1.5em 2em;color:#222;max-width:1100px}
-h1{margin-bottom:.2em}h2{border-bottom:2px solid #4a7bb7;padding-bottom:2px;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0 1em}td,th{padding:3px 8px;text-align:right;border-bottom:1px solid #ddd}
-td:first-child,th:first-child,td.left,th.left{text-align:left}th{background:#f3f5f8}
-.note{color:#555;font-size:.92em}.bad{color:#b00;font-weight:bold}.good{color:#277a3e;font-weight:bold}
+STYLE = charts.PAGE_STYLE + """
 .few{color:#b00}.charts{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}
 .charts figure{margin:0}figcaption{font-size:.9em;color:#444;max-width:380px}
 pre{background:#f6f8fa;padding:8px 10px;overflow-x:auto;font-size:.88em}nav a{margin-right:.8em}

@@ -5,6 +5,7 @@ label's classes come from the data, known only once Transform ran. These metrics
 predictions. Both accumulate the mergeable sums of components/tasks.py (MulticlassStats, RegressionStats), so the
 Evaluator's figures are those the Optimizer and the Exporter compute.
 
+    BinaryMetric(name=...)       log_loss, with the probabilities clipped as everywhere else in the project
     MulticlassMetric(name=...)   macro_auc, accuracy, log_loss; precision and recall per class (sub key class_id)
     RegressionMetric(name=...)   rmse, mae, r2
 """
@@ -16,8 +17,9 @@ import apache_beam as beam
 import numpy as np
 from tensorflow_model_analysis.metrics import metric_types, metric_util
 
-from components.tasks import MulticlassStats, RegressionStats
+from components.tasks import BinaryStats, MulticlassStats, RegressionStats
 
+BINARY_NAMES = ("log_loss",)
 MULTICLASS_NAMES = ("macro_auc", "accuracy", "log_loss", "precision", "recall")
 REGRESSION_NAMES = ("rmse", "mae", "r2")
 
@@ -77,6 +79,13 @@ def _computations(stats: type, names: tuple[str, ...]):
             combiner=_StatsCombiner(key, eval_config, example_weighted, stats))]
 
     return metric_util.merge_per_key_computations(create)
+
+
+class BinaryMetric(metric_types.Metric):
+    """The log loss of a sigmoid model with 0/1 labels."""
+
+    def __init__(self, name: str = "log_loss", **kwargs: Any):
+        super().__init__(_computations(BinaryStats, BINARY_NAMES), name=name, **kwargs)
 
 
 class MulticlassMetric(metric_types.Metric):

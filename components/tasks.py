@@ -77,8 +77,9 @@ def _binary(outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     p = outputs.reshape(-1).astype(np.float64)
     y = labels.reshape(-1)
     auc = float(roc_auc_score(y, p)) if np.unique(y).size > 1 else float("nan")
+    chosen = np.clip(np.where(y == 1, p, 1.0 - p), PROB_EPSILON, 1.0)
     # A probability of exactly 0.5 is a negative prediction, as for Keras' and TFMA's binary accuracy.
-    return {"auc": auc, "accuracy": float(np.mean((p > 0.5) == (y == 1)))}
+    return {"auc": auc, "accuracy": float(np.mean((p > 0.5) == (y == 1))), "log_loss": float(np.mean(-np.log(chosen)))}
 
 
 def macro_auc(probabilities: np.ndarray, labels: np.ndarray) -> float:
@@ -159,6 +160,28 @@ def max_output_difference(kind: str, outputs: np.ndarray, reference: np.ndarray)
     if kind == "regression":
         difference = difference / np.maximum(1.0, np.abs(reference))
     return float(np.max(difference)) if difference.size else 0.0
+
+
+@dataclass
+class BinaryStats:
+    """Mergeable sums of a binary model's log loss, its probabilities clipped as the Trainer's and the gates' are
+    (TFMA's BinaryCrossEntropy does not clip: one probability of exactly 0 or 1 on the wrong row makes it infinite)."""
+
+    weight: float = 0.0
+    log_loss_sum: float = 0.0
+
+    def add(self, label: float, probability: float, weight: float = 1.0) -> None:
+        chosen = probability if label == 1 else 1.0 - probability
+        self.weight += weight
+        self.log_loss_sum -= weight * float(np.log(np.clip(chosen, PROB_EPSILON, 1.0)))
+
+    def merge(self, other: BinaryStats) -> BinaryStats:
+        self.weight += other.weight
+        self.log_loss_sum += other.log_loss_sum
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        return {"log_loss": self.log_loss_sum / self.weight if self.weight else float("nan")}
 
 
 @dataclass

@@ -8,6 +8,7 @@ reason, for a person to review.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import shutil
@@ -32,10 +33,12 @@ from pipeline.config import (
     BeamConfig,
     ConfigError,
     DataConfig,
+    EvaluationConfig,
     LabelConfig,
     MonitoringConfig,
     PipelineConfig,
     load_config,
+    no_skill_bound,
     usable_name,
 )
 from pipeline.data import (
@@ -65,9 +68,6 @@ LONG_TAIL_RATIO = 5.0
 # String labels read as the positive answer of a yes/no question.
 # TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
 MIN_AUC = 0.6
-# A multiclass model must close this share of the gap between always answering the most common class and a perfect
-# accuracy: 0.52 against the majority's 0.49 is a weak model that reads well.
-NO_SKILL_GAIN = 0.1
 POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 # A column whose filled cells are at least this share numbers, the rest at most JUNK_MAX_VALUES distinct strings,
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
@@ -453,24 +453,37 @@ def schema_anomalies(statistics: dict[str, statistics_pb2.DatasetFeatureStatisti
 
 
 def blessing_bound(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None,
-                   classes: Counter | None = None) -> tuple[dict[str, float], str]:
-    """The evaluation bounds a first model must meet to be blessed (and published), with the reason; with the
-    label's `classes` (value -> rows), a multiclass model must also beat always answering the most common one."""
+                   classes: Counter | None = None) -> tuple[dict[str, Any], str]:
+    """The evaluation keys a first model must meet to be blessed (and published), with the reason: a classifier's
+    AUC bound, and evaluation.no_skill, what ignoring the features scores, from the label's `classes` (value -> rows)
+    or, for a regression, its standard deviation in the training split (the mean's RMSE)."""
+    margin = EvaluationConfig().no_skill_margin
     if kind != "regression":
         metric = "AUC" if kind == "binary" else "macro AUC (one-vs-rest)"
-        bounds = {"lower_bound": MIN_AUC}
+        bounds: dict[str, Any] = {"lower_bound": MIN_AUC}
         reason = f"blessed with an eval {metric} of at least {MIN_AUC} (0.5 is guessing)"
-        if kind == "multiclass" and classes:
+        if not classes:
+            return bounds, reason
+        total = sum(classes.values())
+        shares = [rows / total for rows in classes.values()]
+        no_skill = {"log_loss": round(-sum(share * math.log(share) for share in shares), 4)}
+        said = [f"a log loss of at most {no_skill_bound(kind, 'log_loss', no_skill['log_loss'], margin):.4f} (the "
+                f"class shares score {no_skill['log_loss']:g})"]
+        if kind == "multiclass":
             common, rows = classes.most_common(1)[0]
-            share = rows / sum(classes.values())
-            bounds["min_accuracy"] = round(share + NO_SKILL_GAIN * (1 - share), 4)
-            reason += (f" and an eval accuracy of at least {bounds['min_accuracy']:g} (always answering {common!r} "
-                       f"scores {share:.4f}; the model must close {NO_SKILL_GAIN:.0%} of the gap to 1)")
-        return bounds, reason
+            no_skill = {"accuracy": round(rows / total, 4), **no_skill}
+            bound = no_skill_bound(kind, "accuracy", no_skill["accuracy"], margin)
+            said.insert(0, f"an accuracy of at least {bound:.4f} (always answering {common!r} scores "
+                           f"{no_skill['accuracy']:g})")
+        bounds["no_skill"] = no_skill
+        return bounds, (reason + f", {' and '.join(said)}: evaluation.no_skill_margin {margin:g} of the way from "
+                        "what ignoring the features scores to a perfect score")
     std = label_stats.num_stats.std_dev if label_stats is not None else 0.0
-    bound = float(f"{std:.4g}")
-    return {"upper_bound": bound}, (f"blessed with an eval RMSE of at most {bound:g}, the label's standard deviation "
-                                    "in the training split: what predicting its mean for every row scores")
+    figure = float(f"{std:.4g}")
+    return {"no_skill": {"rmse": figure}}, (
+        f"blessed with an eval RMSE of at most {no_skill_bound(kind, 'rmse', figure, margin):.4g}: "
+        f"evaluation.no_skill_margin {margin:g} below {figure:g}, the label's standard deviation in the training "
+        "split, which predicting its mean for every row scores")
 
 
 def regression_tolerances(kind: str, label_stats: statistics_pb2.FeatureNameStatistics | None
@@ -543,7 +556,11 @@ def config_text(name: str, data_dir: Path, markers: list[str], marker_notes: lis
         lines += ["", "evaluation:"]
         if bounds:
             lines.append(f"  # {reason}")
-            lines += [f"  {key}: {_scalar(value)}" for key, value in bounds.items()]
+            lines += [f"  {key}: {_scalar(value)}" + ("   # what a model that ignores the features scores"
+                                                      if key == "no_skill" else "") for key, value in bounds.items()]
+            if "no_skill" in bounds:
+                lines.append(f"  no_skill_margin: {_scalar(EvaluationConfig().no_skill_margin)}   # the share of the "
+                             "gap from those figures to a perfect score the model must close")
         lines += [f"  {key}: {_scalar(value)}   # the most above the baseline model's, in the label's units"
                   for key, value in limits.get("evaluation", {}).items()]
     comments = {"optimize": "pruning may worsen the eval metric by at most this, in the label's units",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import posixpath
 import re
@@ -214,7 +215,7 @@ TASK_KINDS = ("binary", "multiclass", "regression")
 # The metrics each task kind can be judged on, and whether a higher value is better. The first is the kind's
 # default (evaluation.metric: auto).
 TASK_METRICS: dict[str, dict[str, bool]] = {
-    "binary": {"auc": True, "accuracy": True},
+    "binary": {"auc": True, "accuracy": True, "log_loss": False},
     "multiclass": {"macro_auc": True, "accuracy": True, "log_loss": False},
     "regression": {"rmse": False, "mae": False, "r2": True},
 }
@@ -227,6 +228,13 @@ def task_metric(kind: str, metric: str = "auto") -> str:
 
 def higher_is_better(kind: str, metric: str = "auto") -> bool:
     return TASK_METRICS[kind][task_metric(kind, metric)]
+
+
+def no_skill_bound(kind: str, metric: str, figure: float, margin: float) -> float:
+    """The bound a model must meet on `metric` to beat the no-skill `figure`: `margin` of the way from it to a
+    perfect score (1 for AUC, accuracy and R², 0 for an error or a log loss)."""
+    perfect = 1.0 if higher_is_better(kind, metric) else 0.0
+    return figure + margin * (perfect - figure)
 
 
 # The limits on how much worse evaluation.metric may get: each judges its own comparison (pruned against trained,
@@ -260,9 +268,13 @@ class EvaluationConfig:
     # bound) ...
     lower_bound: float | None = None
     upper_bound: float | None = None
-    # ... and, for a classifier, only with an eval accuracy of at least this (null: no such bound): `mlops init`
-    # writes it for a multiclass label a step above always answering the most common class.
-    min_accuracy: float | None = None
+    # ... and, on each metric named here, only when it beats this figure, what a predictor that ignores the
+    # features scores (`mlops init` writes them from the data: the class shares' log loss, the most common class's
+    # accuracy, the mean's RMSE) ...
+    no_skill: dict[str, float] = field(default_factory=dict)
+    # ... by this share of the gap between the figure and a perfect score (0.1: a log loss at most 0.9 times the
+    # class shares', an accuracy a tenth of the way from the most common class's share to 1).
+    no_skill_margin: float = 0.1
     # ... and at most this much worse than the baseline model's, in the metric's units: lower for a metric where
     # higher is better (AUC, accuracy, R²), higher for an error (RMSE, MAE, log loss).
     max_degradation: float = 0.01
@@ -792,6 +804,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 # Keys a newer version renamed: a config that still uses one is told the new name.
 RENAMED_KEYS = {
     "evaluation.min_auc": "evaluation.lower_bound (with evaluation.metric: auc)",
+    "evaluation.min_accuracy": "evaluation.no_skill.accuracy (the most common class's share; the bound lies "
+                               "evaluation.no_skill_margin beyond it)",
     "evaluation.max_auc_drop": "evaluation.max_degradation",
     "optimize.max_auc_drop": "optimize.max_degradation",
     "export.max_quantized_auc_drop": "export.max_quantized_degradation",
@@ -940,13 +954,20 @@ def _validate_task(label: LabelConfig, evaluation: EvaluationConfig) -> None:
         raise ConfigError(f"evaluation.metric '{evaluation.metric}' does not judge a {label.kind} model; choose auto, "
                           f"{', '.join(metrics)}.")
     lower, upper = evaluation.lower_bound, evaluation.upper_bound
-    if evaluation.baseline == "none" and lower is None and upper is None:
+    if evaluation.baseline == "none" and lower is None and upper is None and not evaluation.no_skill:
         raise ConfigError("evaluation.baseline is none and no bound is set, so nothing could bless a model; set "
-                          "evaluation.lower_bound or evaluation.upper_bound.")
-    if evaluation.min_accuracy is not None and (label.kind == "regression"
-                                                 or not 0.0 <= evaluation.min_accuracy <= 1.0):
-        raise ConfigError(f"evaluation.min_accuracy ({evaluation.min_accuracy}) bounds a classifier's accuracy, a "
-                          f"share from 0 to 1, and label.kind is {label.kind}; set it within [0, 1] or to null.")
+                          "evaluation.lower_bound, evaluation.upper_bound or evaluation.no_skill.")
+    for name, figure in evaluation.no_skill.items():
+        if name not in metrics:
+            raise ConfigError(f"evaluation.no_skill.{name} names no metric of a {label.kind} model; name "
+                              f"{', '.join(metrics)}, or remove it.")
+        top = 1.0 if metrics[name] else math.inf
+        if not 0.0 <= figure <= top:
+            raise ConfigError(f"evaluation.no_skill.{name} ({figure}) is not a {name} a model can score (from 0 to "
+                              f"{top:g}); write the figure a predictor that ignores the features scores, or remove it.")
+    if not 0.0 <= evaluation.no_skill_margin < 1.0:
+        raise ConfigError(f"evaluation.no_skill_margin ({evaluation.no_skill_margin}) must be from 0 (just beat "
+                          "evaluation.no_skill) to below 1 (a perfect score).")
     if lower is not None and upper is not None and lower > upper:
         raise ConfigError(f"evaluation.lower_bound ({lower}) is above evaluation.upper_bound ({upper}), so no model "
                           "could be blessed; swap or remove one.")

@@ -46,6 +46,7 @@ from pipeline.config import (
     EvaluationConfig,
     PipelineConfig,
     higher_is_better,
+    no_skill_bound,
     task_metric,
     tolerance_note,
 )
@@ -72,7 +73,8 @@ SERVING_BASELINE_NODE = "ServingBaseline"
 # Per task kind: each metric of TASK_METRICS as TFMA computes it (class name, module, TFMA's key of the figure).
 EVALUATOR_METRICS = "components.evaluator_metrics"
 TFMA_METRICS: dict[str, dict[str, tuple[str, str, str]]] = {
-    "binary": {"auc": ("AUC", "", "auc"), "accuracy": ("BinaryAccuracy", "", "binary_accuracy")},
+    "binary": {"auc": ("AUC", "", "auc"), "accuracy": ("BinaryAccuracy", "", "binary_accuracy"),
+               "log_loss": ("BinaryMetric", EVALUATOR_METRICS, "log_loss")},
     "multiclass": {name: ("MulticlassMetric", EVALUATOR_METRICS, name) for name in ("macro_auc", "accuracy",
                                                                                    "log_loss")},
     "regression": {name: ("RegressionMetric", EVALUATOR_METRICS, name) for name in ("rmse", "mae", "r2")},
@@ -95,17 +97,31 @@ PLOTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
+def metric_bounds(evaluation: EvaluationConfig, kind: str) -> dict[str, dict[str, float]]:
+    """Per metric, the bounds a candidate must meet ({"lower_bound": ..., "upper_bound": ...}): lower_bound and
+    upper_bound on evaluation.metric, and no_skill_margin beyond each evaluation.no_skill figure; where both bound
+    the same side of one metric, the stricter holds (TFMA keeps one threshold per metric)."""
+    bounds: dict[str, dict[str, float]] = {}
+    judged = task_metric(kind, evaluation.metric)
+    for side in ("lower_bound", "upper_bound"):
+        if getattr(evaluation, side) is not None:
+            bounds.setdefault(judged, {})[side] = getattr(evaluation, side)
+    for name, figure in evaluation.no_skill.items():
+        side, stricter = ("lower_bound", max) if higher_is_better(kind, name) else ("upper_bound", min)
+        bound = no_skill_bound(kind, name, figure, evaluation.no_skill_margin)
+        held = bounds.setdefault(name, {})
+        held[side] = stricter(held[side], bound) if side in held else bound
+    return bounds
+
+
 def blessing_threshold(evaluation: EvaluationConfig, kind: str, with_baseline: bool) -> tfma.MetricThreshold:
-    """The threshold that blesses a model on evaluation.metric: within lower_bound and upper_bound, and (with a
+    """The threshold that blesses a model on evaluation.metric: within its bounds (metric_bounds), and (with a
     baseline) at most max_degradation worse than the baseline, whichever way the metric improves."""
     threshold = tfma.MetricThreshold()
-    bounds = {}
-    if evaluation.lower_bound is not None:
-        bounds["lower_bound"] = {"value": evaluation.lower_bound}
-    if evaluation.upper_bound is not None:
-        bounds["upper_bound"] = {"value": evaluation.upper_bound}
+    bounds = metric_bounds(evaluation, kind).get(task_metric(kind, evaluation.metric))
     if bounds:
-        threshold.value_threshold.CopyFrom(tfma.GenericValueThreshold(**bounds))
+        threshold.value_threshold.CopyFrom(tfma.GenericValueThreshold(
+            **{side: {"value": value} for side, value in bounds.items()}))
     if with_baseline:
         # Ignored on the first run, when no blessed baseline exists yet. TFMA compares candidate - baseline.
         if higher_is_better(kind, evaluation.metric):
@@ -156,12 +172,12 @@ def not_blessed_message(failures: list[dict[str, Any]], config: PipelineConfig, 
         else:
             keys = [_setting(config, "evaluation.lower_bound"),
                     _setting(config, "evaluation.upper_bound")] if name == judged else []
-            lower = evaluation.lower_bound if name == judged else None
-            if name == "accuracy" and evaluation.min_accuracy is not None:
-                # The no-skill bound and the blessing metric's bound are one TFMA threshold: the higher one holds.
-                keys.append(_setting(config, "evaluation.min_accuracy"))
-                lower = evaluation.min_accuracy if lower is None else max(lower, evaluation.min_accuracy)
-            upper = evaluation.upper_bound if name == judged else None
+            if name in evaluation.no_skill:
+                # The no-skill bound and the blessing metric's bound are one TFMA threshold: the stricter one holds.
+                keys += [f"evaluation.no_skill.{name}={evaluation.no_skill[name]:g}",
+                         _setting(config, "evaluation.no_skill_margin")]
+            bounds = metric_bounds(evaluation, kind).get(name, {})
+            lower, upper = bounds.get("lower_bound"), bounds.get("upper_bound")
             if lower is not None and value < lower:
                 where = f"below its lower bound {lower:g}"
             elif upper is not None and value > upper:
@@ -183,17 +199,17 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     blessing = task_metric(kind, evaluation.metric)
     threshold = blessing_threshold(evaluation, kind, evaluation.baseline != "none")
     metrics = [tfma.MetricConfig(class_name="ExampleCount")]
+    bounds = metric_bounds(evaluation, kind)
     for name, (class_name, module, key) in TFMA_METRICS[kind].items():
         metric = tfma.MetricConfig(class_name=class_name, module=module,
                                    config=json.dumps({"name": key}) if module else "")
         judged = tfma.MetricThreshold()
         if name == blessing:
             judged.CopyFrom(threshold)
-        if name == "accuracy" and evaluation.min_accuracy is not None:
-            # The no-skill bound: TFMA blesses only when every threshold of every metric passes.
-            bound = max(evaluation.min_accuracy, judged.value_threshold.lower_bound.value
-                        if judged.value_threshold.HasField("lower_bound") else evaluation.min_accuracy)
-            judged.value_threshold.lower_bound.value = bound
+        elif name in bounds:
+            # A no-skill bound on another metric: TFMA blesses only when every threshold of every metric passes.
+            judged.value_threshold.CopyFrom(tfma.GenericValueThreshold(
+                **{side: {"value": value} for side, value in bounds[name].items()}))
         if judged.ListFields():
             # Judged on all eval rows; small slices (a rare payment type) can hold one class only.
             metric.per_slice_thresholds.append(

@@ -331,6 +331,15 @@ def _regression_plots(summary: dict[str, Any]) -> str:
             + "</div>")
 
 
+def no_skill_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """The Exporter's no-skill figures of the eval rows under the Evaluator's names (a binary accuracy is TFMA's
+    binary_accuracy)."""
+    figures = dict((summary.get("export") or {}).get("no_skill") or {})
+    if (summary.get("task") or {}).get("kind", "binary") == "binary" and "accuracy" in figures:
+        figures["binary_accuracy"] = figures.pop("accuracy")
+    return figures
+
+
 def _baseline(summary: dict[str, Any], metric: str) -> str:
     baseline = summary.get("baseline") or {}
     blessed = summary.get("blessed")
@@ -343,15 +352,20 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
                      "comparison of the earlier run that evaluated this same model, not a new evaluation.</p>")
     candidate = summary.get("metrics") or {}
     base = baseline.get("metrics") or {}
-    if base:
-        names = [n for n in (metric, "auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc",
-                             "accuracy", "log_loss", "rmse", "mae", "r2", "example_count") if n in base]
-        names = list(dict.fromkeys(names))
-        shown = {n: (_count if n == "example_count" else _num) for n in names}
-        rows = [[_e(n), shown[n](candidate.get(n, float("nan"))), shown[n](base[n]),
-                 f"{candidate[n] - base[n]:+.4f}" if n in candidate else ""] for n in names]
-        parts.append(_table(["metric", "candidate", "baseline", "change"], rows))
-    else:
+    no_skill = no_skill_figures(summary)
+    names = [n for n in (metric, "auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc",
+                         "accuracy", "log_loss", "rmse", "mae", "r2", "example_count") if n in (base or candidate)]
+    names = list(dict.fromkeys(names))
+    shown = {n: (_count if n == "example_count" else _num) for n in names}
+    if base or no_skill:
+        # The no-skill column: what ignoring the features scores on the same eval rows, beside each figure.
+        head = ["metric", "candidate"] + (["no skill"] if no_skill else []) + (["baseline", "change"] if base else [])
+        rows = [[_e(n), shown[n](candidate.get(n, float("nan")))]
+                + ([_num(no_skill[n]) if n in no_skill else ""] if no_skill else [])
+                + ([shown[n](base[n]), f"{candidate[n] - base[n]:+.4f}" if n in candidate else ""] if base else [])
+                for n in names]
+        parts.append(_table(head, rows))
+    if not base:
         parts.append("<p class='note'>No baseline model: the first blessed model of this pipeline, or "
                      "evaluation.baseline is none. The thresholds alone decided.</p>")
     failures = baseline.get("failures") or []

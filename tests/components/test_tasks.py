@@ -13,6 +13,7 @@ from tensorflow_model_analysis.utils import config_util
 from components.exporter.export import check_artifact
 from components.optimizer.optimize import pruning_gate
 from components.tasks import (
+    BinaryStats,
     MulticlassStats,
     RegressionStats,
     degradation,
@@ -118,17 +119,56 @@ def _verdict(config, figures: dict[str, float]) -> bool:
 
 
 def test_a_multiclass_model_no_better_than_the_majority_class_is_not_blessed():
-    # Five classes, the most common 49% of the rows: `mlops init` writes min_accuracy 0.541 beside the AUC bound.
+    # Five classes, the most common 49% of the rows: `mlops init` writes no_skill.accuracy 0.49 beside the AUC bound.
     config = example_config("iris", "evaluation.baseline=none", "evaluation.lower_bound=0.6",
-                            "evaluation.min_accuracy=0.541")
+                            "evaluation.no_skill.accuracy=0.49")
     assert not _verdict(config, {"macro_auc": 0.85, "accuracy": 0.52}), "a good AUC does not bless a weak model"
-    assert _verdict(config, {"macro_auc": 0.85, "accuracy": 0.55})
+    assert _verdict(config, {"macro_auc": 0.85, "accuracy": 0.541 + STEP})
+    assert not _verdict(config, {"macro_auc": 0.85, "accuracy": 0.541 - STEP})
     assert not _verdict(config, {"macro_auc": 0.55, "accuracy": 0.9})
     both = example_config("iris", "evaluation.baseline=none", "evaluation.metric=accuracy",
-                          "evaluation.lower_bound=0.5", "evaluation.min_accuracy=0.541")
+                          "evaluation.lower_bound=0.5", "evaluation.no_skill.accuracy=0.49")
     assert not _verdict(both, {"accuracy": 0.53}), "the higher of the two bounds holds"
-    with pytest.raises(ConfigError, match=r"evaluation.min_accuracy \(0.5\) bounds a classifier's accuracy"):
-        example_config("diabetes", "evaluation.min_accuracy=0.5")
+
+
+@pytest.mark.parametrize("name, no_skill, margin, others, metric, bound", [
+    # Binary: the base rate's log loss (0.6109, three positives in ten); the bound 0.9 of it.
+    pytest.param("taxi", "log_loss=0.6109", 0.1, {"auc": 0.9}, "log_loss", 0.9 * 0.6109, id="binary-log_loss"),
+    pytest.param("taxi", "accuracy=0.7", 0.0, {"auc": 0.9}, "binary_accuracy", 0.7, id="binary-accuracy-margin-0"),
+    # Multiclass: the class shares' log loss, judged beside the macro AUC bound.
+    pytest.param("iris", "log_loss=1.0986", 0.2, {"macro_auc": 0.95}, "log_loss", 0.8 * 1.0986,
+                 id="multiclass-log_loss"),
+    # Regression: the mean's RMSE; 0.9 of 77 is stricter than the config's upper_bound 70.
+    pytest.param("diabetes", "rmse=77", 0.1, {}, "rmse", 69.3, id="regression-rmse"),
+    # ... and 0.9 of 80 is not: upper_bound 70 holds.
+    pytest.param("diabetes", "rmse=80", 0.1, {}, "rmse", 70.0, id="regression-rmse-upper-bound-stricter"),
+    pytest.param("diabetes", "r2=0", 0.1, {"rmse": 50.0}, "r2", 0.1, id="regression-r2"),
+])
+def test_a_model_must_beat_the_no_skill_figure_by_the_margin(name, no_skill, margin, others, metric, bound):
+    config = example_config(name, "evaluation.baseline=none", f"evaluation.no_skill.{no_skill}",
+                            f"evaluation.no_skill_margin={margin}")
+    higher = metric in ("binary_accuracy", "r2")
+    inside, outside = (bound + STEP, bound - STEP) if higher else (bound - STEP, bound + STEP)
+    assert _verdict(config, {**others, metric: inside})
+    assert not _verdict(config, {**others, metric: outside})
+
+
+def test_no_skill_figures_a_model_cannot_score_are_one_sentence():
+    with pytest.raises(ConfigError, match=r"evaluation.no_skill.auc names no metric of a regression model; name "
+                                          r"rmse, mae, r2, or remove it\."):
+        example_config("diabetes", "evaluation.no_skill.auc=0.5")
+    with pytest.raises(ConfigError, match=r"evaluation.no_skill.accuracy \(1.5\) is not a accuracy a model can "
+                                          r"score \(from 0 to 1\)"):
+        example_config("iris", "evaluation.no_skill.accuracy=1.5")
+    with pytest.raises(ConfigError, match=r"evaluation.no_skill.rmse \(-1.0\) is not a rmse"):
+        example_config("diabetes", "evaluation.no_skill.rmse=-1")
+    with pytest.raises(ConfigError, match=r"evaluation.no_skill_margin \(1.0\) must be from 0"):
+        example_config("iris", "evaluation.no_skill_margin=1")
+    with pytest.raises(ConfigError, match=r"config key 'evaluation.min_accuracy' is now evaluation.no_skill.accuracy"):
+        example_config("iris", "evaluation.min_accuracy=0.541")
+    assert example_config("diabetes", "evaluation.baseline=none", "evaluation.upper_bound=null",
+                          "evaluation.no_skill.rmse=77").evaluation.no_skill == {"rmse": 77.0}, \
+        "a no-skill figure is a bound: with no baseline it alone can bless"
 
 
 def test_without_a_baseline_only_the_bound_blesses():
@@ -249,6 +289,23 @@ def test_regression_metrics_match_scikit_learn(regression_set):
     assert metrics["mae"] == pytest.approx(mean_absolute_error(labels, values))
     assert metrics["rmse"] == pytest.approx(np.sqrt(np.mean((labels - values) ** 2)))
     assert metrics["r2"] == pytest.approx(r2_score(labels, values))
+
+
+def test_the_evaluators_binary_log_loss_is_the_gates_and_finite_at_a_certain_wrong_answer():
+    rng = np.random.default_rng(3)
+    labels = (rng.random(300) < 0.3).astype(np.int64)
+    probabilities = np.clip(0.3 + 0.4 * (labels - 0.3) + 0.2 * rng.standard_normal(300), 0.0, 1.0)
+    probabilities[:2] = 1.0 - labels[:2]  # certain and wrong: TFMA's own BinaryCrossEntropy would be infinite
+    first, second = BinaryStats(), BinaryStats()
+    for i in range(300):
+        (first if i < 120 else second).add(float(labels[i]), float(probabilities[i]))
+    merged = first.merge(second).metrics()["log_loss"]
+    direct = task_metrics("binary", probabilities, labels)["log_loss"]
+    assert np.isfinite(merged) and merged == pytest.approx(direct, rel=1e-9)
+    base_rate = no_skill_figures("binary", labels)["log_loss"]
+    rate = labels.mean()
+    assert base_rate == pytest.approx(-(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)))
+    assert np.isnan(BinaryStats().metrics()["log_loss"])
 
 
 def test_the_evaluators_merged_multiclass_sums_give_the_same_figures(multiclass_set):

@@ -1,5 +1,5 @@
 """The Evaluator's own failure: when TFMA does not bless a model, the message names every config key, with its
-value, that sets the comparison that failed (the bounds on evaluation.metric, evaluation.min_accuracy,
+value, that sets the comparison that failed (the bounds on evaluation.metric, evaluation.no_skill,
 evaluation.max_degradation with the baseline and the other tolerances of the same metric). Each case runs TFMA's own
 validator just inside (blessed, nothing to say) and just outside the threshold, for a binary, a multiclass and a
 regression model."""
@@ -73,12 +73,24 @@ def test_binary_auc_worse_than_the_baseline_names_every_tolerance_of_the_same_au
         "compare with another evaluation.baseline (none: the bounds alone) or improve the model")
 
 
-def test_binary_accuracy_below_min_accuracy_names_that_key():
-    config = example_config("taxi", "evaluation.min_accuracy=0.7", "evaluation.baseline=none")
+def test_binary_accuracy_below_its_no_skill_bound_names_both_keys():
+    config = example_config("taxi", "evaluation.no_skill.accuracy=0.6", "evaluation.no_skill_margin=0.25",
+                            "evaluation.baseline=none")
     assert message(config, {"auc": 0.9, "binary_accuracy": 0.7 + STEP}) == ""
     assert message(config, {"auc": 0.9, "binary_accuracy": 0.7 - STEP}) == (
-        "the eval accuracy 0.6999 is below its lower bound 0.7 (set by evaluation.min_accuracy=0.7); improve the "
-        "model or move the bound with those keys")
+        "the eval accuracy 0.6999 is below its lower bound 0.7 (set by evaluation.no_skill.accuracy=0.6 and "
+        "evaluation.no_skill_margin=0.25); improve the model or move the bound with those keys")
+
+
+def test_binary_log_loss_no_better_than_the_base_rate_names_both_keys():
+    # Three positives in ten rows: the base rate's log loss is 0.6109; the bound a tenth of the way to 0.
+    config = example_config("taxi", "evaluation.no_skill.log_loss=0.6109", "evaluation.baseline=none")
+    bound = 0.9 * 0.6109
+    assert message(config, {"auc": 0.9, "log_loss": bound - STEP}) == ""
+    assert message(config, {"auc": 0.9, "log_loss": bound + STEP}) == (
+        f"the eval log_loss {bound + STEP:.4f} is above its upper bound {bound:g} (set by "
+        "evaluation.no_skill.log_loss=0.6109 and evaluation.no_skill_margin=0.1); improve the model or move the bound "
+        "with those keys")
 
 
 def test_multiclass_macro_auc_bound_and_comparison():
@@ -92,26 +104,37 @@ def test_multiclass_macro_auc_bound_and_comparison():
         "macro_auc", 0.95, -(0.02 + STEP), "0.02")
 
 
-def test_multiclass_no_better_than_the_majority_class_names_min_accuracy():
+def test_multiclass_no_better_than_the_majority_class_names_the_no_skill_keys():
     # The issue's five classes: macro AUC 0.85 but accuracy 0.52 where always answering the most common class scores
-    # 0.49; `mlops init` writes min_accuracy 0.541.
+    # 0.49; `mlops init` writes no_skill.accuracy 0.49, and the margin 0.1 makes the bound 0.541.
     config = example_config("iris", "evaluation.baseline=none", "evaluation.lower_bound=0.6",
-                            "evaluation.min_accuracy=0.541")
+                            "evaluation.no_skill.accuracy=0.49")
     assert message(config, {"macro_auc": 0.85, "accuracy": 0.541 + STEP}) == ""
-    assert message(config, {"macro_auc": 0.85, "accuracy": 0.541 - STEP}) == (
-        "the eval accuracy 0.5409 is below its lower bound 0.541 (set by evaluation.min_accuracy=0.541); improve the "
-        "model or move the bound with those keys")
+    assert message(config, {"macro_auc": 0.85, "accuracy": 0.52}) == (
+        "the eval accuracy 0.5200 is below its lower bound 0.541 (set by evaluation.no_skill.accuracy=0.49 and "
+        "evaluation.no_skill_margin=0.1); improve the model or move the bound with those keys")
+    assert message(config, {"macro_auc": 0.85, "accuracy": 0.541 - STEP}) != ""
 
 
-def test_multiclass_accuracy_judged_with_min_accuracy_names_every_bound_of_that_accuracy():
-    # One TFMA threshold, the higher of the two lower bounds: all three keys set it.
+def test_multiclass_accuracy_judged_with_a_no_skill_figure_names_every_bound_of_that_accuracy():
+    # One TFMA threshold, the higher of the two lower bounds: all four keys set it.
     config = example_config("iris", "evaluation.baseline=none", "evaluation.metric=accuracy",
-                            "evaluation.lower_bound=0.5", "evaluation.min_accuracy=0.541")
+                            "evaluation.lower_bound=0.5", "evaluation.no_skill.accuracy=0.49")
     assert message(config, {"accuracy": 0.541 + STEP}) == ""
     assert message(config, {"accuracy": 0.541 - STEP}) == (
         "the eval accuracy 0.5409 is below its lower bound 0.541 (set by evaluation.lower_bound=0.5, "
-        "evaluation.upper_bound=null and evaluation.min_accuracy=0.541 on evaluation.metric=accuracy); improve the "
-        "model or move the bound with those keys")
+        "evaluation.upper_bound=null, evaluation.no_skill.accuracy=0.49 and evaluation.no_skill_margin=0.1 on "
+        "evaluation.metric=accuracy); improve the model or move the bound with those keys")
+
+
+def test_multiclass_log_loss_no_better_than_the_class_shares():
+    config = example_config("iris", "evaluation.baseline=none", "evaluation.no_skill.log_loss=1.0986")
+    bound = 0.9 * 1.0986
+    assert message(config, {"macro_auc": 0.95, "log_loss": bound - STEP}) == ""
+    assert message(config, {"macro_auc": 0.95, "log_loss": bound + STEP}) == (
+        f"the eval log_loss {bound + STEP:.4f} is above its upper bound {bound:g} (set by "
+        "evaluation.no_skill.log_loss=1.0986 and evaluation.no_skill_margin=0.1); improve the model or move the bound "
+        "with those keys")
 
 
 def test_multiclass_log_loss_above_its_upper_bound():
@@ -151,11 +174,12 @@ def test_regression_r2_below_its_lower_bound():
 
 
 def test_two_failed_thresholds_are_both_named():
-    config = example_config("iris", "evaluation.min_accuracy=0.541")
+    config = example_config("iris", "evaluation.no_skill.accuracy=0.49")
     said = message(config, {"macro_auc": 0.9 - STEP, "accuracy": 0.541 - STEP}, {"macro_auc": -(0.02 + STEP)})
     assert "the eval macro_auc 0.8999 is below its lower bound 0.9" in said
     assert "evaluation.max_degradation=0.02 allows" in said
-    assert "the eval accuracy 0.5409 is below its lower bound 0.541 (set by evaluation.min_accuracy=0.541)" in said
+    assert ("the eval accuracy 0.5409 is below its lower bound 0.541 (set by evaluation.no_skill.accuracy=0.49 and "
+            "evaluation.no_skill_margin=0.1)") in said
 
 
 def test_a_nan_metric_names_no_bound_but_its_likely_cause():
@@ -194,3 +218,28 @@ def test_a_blessed_or_unjudged_model_has_nothing_to_explain(blessed):
     out = io.StringIO()
     _print_summary(RunSummary(run_id="r", blessed=blessed), "s.json", "s.html", out)
     assert "  blessed       False" not in out.getvalue()
+
+
+def test_regression_rmse_no_better_than_the_mean_names_every_key_of_that_rmse():
+    # upper_bound 70 and the mean's RMSE 77 with a margin of 0.1 (69.3): the stricter holds, all four keys set it.
+    config = example_config("diabetes", "evaluation.no_skill.rmse=77")
+    assert message(config, {"rmse": 69.3 - STEP}, {"rmse": 0.0}) == ""
+    assert message(config, {"rmse": 69.3 + STEP}, {"rmse": 0.0}) == (
+        "the eval rmse 69.3001 is above its upper bound 69.3 (set by evaluation.lower_bound=null, "
+        "evaluation.upper_bound=70, evaluation.no_skill.rmse=77 and evaluation.no_skill_margin=0.1 on "
+        "evaluation.metric=auto, which judges rmse); improve the model or move the bound with those keys")
+
+
+def test_the_report_shows_the_no_skill_figures_beside_the_models_with_and_without_a_baseline():
+    from pipeline.report_page import _baseline
+
+    summary = {"blessed": False, "metrics": {"auc": 0.81, "binary_accuracy": 0.75, "log_loss": 0.52},
+               "task": {"kind": "binary"},
+               "export": {"no_skill": {"auc": 0.5, "accuracy": 0.62, "log_loss": 0.6641}}}
+    page = _baseline(summary, "auc")
+    assert "<th>no skill</th>" in page and "<th>baseline</th>" not in page
+    assert "<td>binary_accuracy</td><td>0.7500</td><td>0.6200</td>" in page
+    assert "<td>log_loss</td><td>0.5200</td><td>0.6641</td>" in page and "No baseline model" in page
+    summary["baseline"] = {"metrics": {"auc": 0.8, "binary_accuracy": 0.74, "log_loss": 0.53}}
+    page = _baseline(summary, "auc")
+    assert "<td>auc</td><td>0.8100</td><td>0.5000</td><td>0.8000</td><td>+0.0100</td>" in page

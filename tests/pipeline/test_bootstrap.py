@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
@@ -73,6 +74,7 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
     assert config.data.calibration_buckets == 1, "a classifier's config sets rows aside to calibrate on"
     # A first run has no baseline, and TFX blesses nothing without a threshold: the config carries one.
     assert (config.evaluation.lower_bound, config.evaluation.upper_bound) == (0.6, None)
+    assert list(config.evaluation.no_skill) == ["log_loss"], "and it must beat the base rate's log loss"
     assert config.schema_path == str(schema_path)
     assert (config.label.column, config.label.kind, config.label.positive_value) == ("bought", "binary", "yes")
     assert config.data.numeric_features == ["age"]
@@ -179,11 +181,19 @@ def test_the_blessing_bound_beats_guessing_or_predicting_the_mean():
     label = statistics_pb2.FeatureNameStatistics(name="y")
     label.num_stats.std_dev = 54.321987
     bounds, reason = blessing_bound("regression", label)
-    assert bounds == {"upper_bound": 54.32} and "standard deviation" in reason
-    # Five classes, the most common on 49% of the rows: accuracy must close a tenth of the gap to 1.
+    assert bounds == {"no_skill": {"rmse": 54.32}}
+    assert "RMSE of at most 48.89" in reason and "standard deviation" in reason
+    # Five classes, the most common on 49% of the rows: accuracy must close a tenth of the gap to 1, and the log
+    # loss a tenth of the gap from the class shares' to 0.
     bounds, reason = blessing_bound("multiclass", None, Counter({"a": 49, "b": 20, "c": 15, "d": 10, "e": 6}))
-    assert bounds == {"lower_bound": 0.6, "min_accuracy": 0.541}
-    assert "always answering 'a' scores 0.4900" in reason
+    shares = np.array([0.49, 0.2, 0.15, 0.1, 0.06])
+    assert bounds == {"lower_bound": 0.6, "no_skill": {"accuracy": 0.49, "log_loss": round(-np.sum(
+        shares * np.log(shares)), 4)}}
+    assert "accuracy of at least 0.5410 (always answering 'a' scores 0.49)" in reason
+    assert f"log loss of at most {0.9 * bounds['no_skill']['log_loss']:.4f}" in reason
+    # Binary: the base rate's log loss (three positives in ten rows), whichever value is positive.
+    bounds, _ = blessing_bound("binary", None, Counter({"yes": 3, "no": 7}))
+    assert bounds == {"lower_bound": 0.6, "no_skill": {"log_loss": round(-0.3 * np.log(0.3) - 0.7 * np.log(0.7), 4)}}
 
 
 def test_a_few_gaps_in_many_rows_do_not_read_as_none():
@@ -248,7 +258,7 @@ def test_init_on_a_numeric_label_with_gaps_and_a_junk_celled_column(tmp_path, ca
     assert "bill_depth_mm" in config.data.numeric_features + config.data.bucket_features
     assert (mass.type, config.label.kind) == (schema_pb2.INT, "regression")
     # 2. Every tolerance on the eval RMSE is in the label's units: a share of its standard deviation.
-    std = config.evaluation.upper_bound
+    std = config.evaluation.no_skill["rmse"]
     tolerance = config.optimize.max_degradation
     assert tolerance == config.export.max_quantized_degradation == config.evaluation.max_degradation
     assert tolerance == pytest.approx(0.025 * std, rel=0.01) and tolerance > 1, "grams, not 0.01"

@@ -116,10 +116,12 @@ def retrain(config: PipelineConfig, result: MonitorResult, run: RunPipeline | No
         earlier = earlier_retrain(config, record["version"], result.folder, now)
         if earlier is not None:
             before = earlier["retrain"]
+            then = before.get("outcome") or "started"
+            if before.get("published_version") is not None:
+                then += f" version {before['published_version']}"
             entry.update(outcome="skipped", earlier_record=earlier["files"]["json"],
                          note=f"not retrained: the monitor run of {earlier['finished_at']} started a retrain for "
-                              f"version {record['version']} at {before.get('started_at')} ("
-                              f"{before.get('note') or before.get('outcome')}), within "
+                              f"version {record['version']} at {before.get('started_at')} ({then}), within "
                               f"monitoring.retrain_cooldown_hours ({config.monitoring.retrain_cooldown_hours:g})")
     if entry.get("outcome"):
         record["retrain"] = entry

@@ -248,8 +248,7 @@ def console_main() -> NoReturn:
 
 def _main(argv: list[str] | None, collect: bool) -> int:
     args = build_parser().parse_args(argv)
-    # `mlops monitor --retrain` runs the pipeline, whose native log goes to the run's log as `mlops run`'s does.
-    select_native_log_level(into_log=args.command == "run" or getattr(args, "retrain", False))
+    select_native_log_level(into_log=args.command == "run")
     # Library warnings go through logging: into a run's log (pipeline/runner.py), and nowhere outside a run.
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").addHandler(logging.NullHandler())

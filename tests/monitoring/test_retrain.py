@@ -164,10 +164,9 @@ def test_the_cooldown_holds_a_second_retrain_of_the_same_version_within_its_peri
     entry = held.record["retrain"]
     assert entry["outcome"] == "skipped" and not entry["started"]
     assert entry["earlier_record"] == first.record["files"]["json"]
-    assert entry["note"].startswith(f"not retrained: the monitor run of {first.record['finished_at']} started a "
+    assert entry["note"] == (f"not retrained: the monitor run of {first.record['finished_at']} started a "
                                     f"retrain for version 1 at {first.record['retrain']['started_at']} (published "
-                                    "version 2 (")
-    assert entry["note"].endswith("within monitoring.retrain_cooldown_hours (6)")
+                                    "version 2), within monitoring.retrain_cooldown_hours (6)")
     # After the period, the same crossing retrains again; a skipped run does not restart the period.
     third = monitor(config, Window(last=1000), now=T0 + timedelta(hours=1))
     retrain(config, third, run=run, now=now_utc() + timedelta(hours=6, minutes=1))

@@ -16,11 +16,14 @@ import posixpath
 import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from monitoring import logs
 from monitoring.monitor import RECORD_FILE, MonitorResult, rewrite_record
 from pipeline.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from pipeline.summary import RunSummary
 
 # `mlops monitor --retrain` exits 4 when a threshold was crossed and the retraining run failed (an error, or the
 # data-validation gate stopped it); a run that was not blessed is the usual blessing at work, so that keeps 3.
@@ -29,10 +32,10 @@ EXIT_RETRAIN_FAILED = 4
 FOLDER_TIME = "%Y%m%dT%H%M%SZ"
 
 # What runs the pipeline: run_local's signature, so that a test passes a fake one.
-RunPipeline = Callable[..., Any]
+RunPipeline = Callable[[PipelineConfig, TextIO], "RunSummary"]
 
 
-def _run_local(config: PipelineConfig, out: TextIO) -> Any:
+def _run_local(config: PipelineConfig, out: TextIO) -> RunSummary:
     from pipeline.runner import run_local
 
     return run_local(config, out=out)

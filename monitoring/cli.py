@@ -1,7 +1,8 @@
 """`mlops monitor`: judge a window of request logs against the serving version's training data (monitoring/monitor.py).
 
-Exit codes: 0 no threshold crossed (or too few requests to judge), 3 a threshold crossed or an anomaly found, 2 a
-problem to fix first (no logs, a version without training data, a bad window), 1 the Pushgateway did not take the
+Exit codes: 0 no threshold crossed (or too few requests to judge), 3 a threshold crossed or an anomaly found (with
+--retrain: whatever the retraining run did, unless it failed), 4 a threshold crossed and the retraining run failed, 2
+a problem to fix first (no logs, a version without training data, a bad window), 1 the Pushgateway did not take the
 figures."""
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ def register(subparsers: argparse._SubParsersAction,
     monitor = subparsers.add_parser(
         "monitor", help="served requests against the version's training data (skew) and the window before (drift): "
                         "an HTML page, a JSON record and Prometheus gauges; exit code 3 when a threshold is crossed",
-        epilog="exit codes: 0 no threshold crossed (or too few requests to judge); 3 a feature flagged; 2 a problem "
-               "to fix first (no logs, a version without training data, a bad window); 1 the Pushgateway did not "
-               "take the gauges")
+        epilog="exit codes: 0 no threshold crossed (or too few requests to judge); 3 a feature flagged (with "
+               "--retrain: the run published a version, found nothing new, was not blessed, or was skipped by the "
+               "cooldown); 4 a feature flagged and the retraining run failed; 2 a problem to fix first (no logs, a "
+               "version without training data, a bad window); 1 the Pushgateway did not take the gauges")
     add_config_args(monitor)
     monitor.add_argument("--since", help="the window's start: an ISO 8601 UTC time (2026-01-31T14:00:00Z) or a span "
                                          "before now (90m, 2h, 1d)")
@@ -28,6 +30,13 @@ def register(subparsers: argparse._SubParsersAction,
                          help="judge this version's requests (default: the version that answered most of them)")
     monitor.add_argument("--pushgateway", metavar="URL",
                          help="PUT the gauges to this Prometheus Pushgateway (default: monitoring.pushgateway)")
+    monitor.add_argument(
+        "--retrain", action="store_true",
+        help="when a threshold is crossed, run the pipeline here (as `mlops run` does, same --config and --set) on "
+             "data.path; the new version is blessed and published as usual, and rolled out with `mlops rollout "
+             "start`. Skipped when a retrain for the same serving version started within "
+             "monitoring.retrain_cooldown_hours. It runs the local pipeline, not Kubeflow: the cluster's CronJob "
+             "does not pass it (k8s/serving/README.md)")
     monitor.set_defaults(handler=monitor_command)
 
 
@@ -56,6 +65,21 @@ def _print_summary(record: dict, folder: str) -> None:
           f"\noutput folder: {folder}")
 
 
+def _print_retrain(record: dict) -> None:
+    retrain = record["retrain"]
+    if retrain["outcome"] == "failed":
+        print(f"error: {retrain['note']}", file=sys.stderr)
+        return
+    if not retrain["started"]:
+        print(f"retrain: {retrain['note']}")
+        return
+    print(f"\nretrain: {retrain['note']}")
+    if retrain.get("run_id"):
+        print(f"  run         {retrain['run_id']} (started {retrain['started_at']}, finished {retrain['finished_at']})"
+              f"\n  run report  {retrain['report']}")
+    print(f"  record      {record['files']['json']}")
+
+
 def monitor_command(args: argparse.Namespace) -> int:
     from monitoring.logs import LogError, now_utc
     from monitoring.monitor import MonitorError, monitor, read_record, window_from_arguments
@@ -73,4 +97,9 @@ def monitor_command(args: argparse.Namespace) -> int:
     _print_summary(read_record(result.folder), result.folder)
     if result.push_error:
         print(f"error: {result.push_error}", file=sys.stderr)
+    if args.retrain:
+        from monitoring.retrain import retrain
+
+        result = retrain(config, result)
+        _print_retrain(read_record(result.folder))
     return result.exit_code

@@ -263,6 +263,8 @@ def monitor(config: PipelineConfig, window: Window, version: int | None = None, 
         "finished_at": logs.utc_text(finished),
         "finished_at_seconds": finished.timestamp(),
         "files": paths,
+        # What `mlops monitor --retrain` did about it (monitoring/retrain.py); None without --retrain.
+        "retrain": None,
     }
     _write(paths["json"], json.dumps(record, indent=1) + "\n")
     _write(paths["html"], page.monitor_html(record))
@@ -299,6 +301,14 @@ def _feature_record(verdict: gate.FeatureVerdict, training: Any, serving: Any, b
                           "serving": distribution(serving, verdict.name),
                           "previous": distribution(before, verdict.name)},
     }
+
+
+def rewrite_record(record: dict[str, Any]) -> None:
+    """Writes `record` again, and the page drawn from it, at the paths it names (after --retrain added its entry)."""
+    from monitoring import page
+
+    _write(record["files"]["json"], json.dumps(record, indent=1) + "\n")
+    _write(record["files"]["html"], page.monitor_html(record))
 
 
 def read_record(folder: str) -> dict[str, Any]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import pathlib
+import urllib.parse
 from typing import Any
 
 from pipeline import charts
@@ -150,12 +153,47 @@ def _feature(feature: dict[str, Any]) -> str:
             + "<br>".join(lines) + "</div></div></section>")
 
 
+def report_link(page_path: str, report: str) -> str:
+    """The href from the page to a run report: relative when both lie on this machine below one folder (the tree can
+    be moved or served as a whole), else the report's absolute file URI."""
+    if "://" in report:
+        return report
+    if "://" not in page_path:
+        page_folder, target = os.path.abspath(os.path.dirname(page_path)), os.path.abspath(report)
+        if os.path.commonpath([page_folder, target]) != os.path.abspath(os.sep):
+            relative = urllib.parse.quote(os.path.relpath(target, page_folder), safe="/:")
+            # "./": a first segment such as a run id "2026-11-30T10:28:39" must not read as a URL scheme.
+            return relative if relative.startswith("../") else f"./{relative}"
+    return pathlib.Path(os.path.abspath(report)).as_uri()
+
+
+def _retrain(record: dict[str, Any]) -> str:
+    retrain = record.get("retrain")
+    if not retrain:
+        return ""
+    css = {"published": "good", "failed": "bad", "not blessed": "bad"}.get(retrain["outcome"], "")
+    parts = ["<h2 id='retrain'>Retraining</h2>", f"<p class='verdict {css}'>{_e(retrain['note'])}.</p>"]
+    if retrain["started"]:
+        rows = [["data", _e(retrain.get("data_path"))], ["started at", _e(retrain.get("started_at"))],
+                ["finished at", _e(retrain.get("finished_at") or "-")]]
+        if retrain.get("run_id"):
+            rows.insert(0, ["run", _e(retrain["run_id"])])
+        if retrain.get("report"):
+            href = report_link(record["files"]["html"], retrain["report"])
+            rows.append(["run report", f"<a href='{_e(href)}'>{_e(retrain['report'])}</a>"])
+        if retrain.get("error"):
+            rows.append(["error", f"<span class='bad'>{_e(retrain['error'])}</span>"])
+        parts.append("<table>" + "".join(f"<tr><th class='left'>{k}</th><td class='left'>{v}</td></tr>"
+                                         for k, v in rows) + "</table>")
+    return "".join(parts)
+
+
 def monitor_html(record: dict[str, Any]) -> str:
     """The page of one monitor run."""
     title = f"Skew and drift of {record['model']} version {record['version']}"
     thresholds = record["thresholds"]
     parts = [f"<!doctype html><html lang='en'><meta charset='utf-8'><title>{_e(title)}</title><style>{STYLE}</style>",
-             f"<h1>{_e(title)}</h1>", _verdict(record), _header(record)]
+             f"<h1>{_e(title)}</h1>", _verdict(record), _header(record), _retrain(record)]
     if record["judged"]:
         parts += ["<h2>Features</h2>",
                   f"<p class='note'>Skew compares the window with the version's training split, drift with the window "

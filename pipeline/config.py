@@ -637,6 +637,10 @@ class MonitoringConfig:
     pushgateway: str = ""
     pushgateway_job: str = "mlops_monitor"
     request_timeout_seconds: float = 10.0
+    # `mlops monitor --retrain` runs the pipeline when a threshold is crossed, but not when a monitor run of the last
+    # this many hours already started a retrain for the same serving version: until the new version is rolled out
+    # the same traffic crosses the same threshold at every scheduled run. 0: every crossing retrains.
+    retrain_cooldown_hours: float = 24.0
 
 
 @dataclass
@@ -1078,6 +1082,9 @@ def _validate_monitoring(monitoring: MonitoringConfig, features: list[str]) -> N
         raise ConfigError("monitoring.request_timeout_seconds must be positive.")
     if not monitoring.pushgateway_job:
         raise ConfigError("monitoring.pushgateway_job is empty; name the Pushgateway job, e.g. mlops_monitor.")
+    if not 0 <= monitoring.retrain_cooldown_hours < float("inf"):
+        raise ConfigError(f"monitoring.retrain_cooldown_hours is {monitoring.retrain_cooldown_hours}; set 0 (every "
+                          "crossing retrains) or a positive number of hours, e.g. 24.")
 
 
 def _validate_beam(beam: BeamConfig) -> None:

@@ -155,7 +155,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         summary.stage_seconds = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
         summary.elapsed_seconds = round(progress.elapsed(), 2)
         summary.log_path = log_path
-        report_dir = os.path.join(config.output_root, "runs", summary.run_id)
+        report_dir = run_report_dir(config, summary.run_id)
         summary.total_seconds = round(time.monotonic() - STARTED, 2)
         if "Publisher" in summary.cached_stages:
             summary.published_new = False
@@ -167,6 +167,11 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     else:
         _print_summary(summary, json_path, html_path, out)
     return summary
+
+
+def run_report_dir(config: PipelineConfig, run_id: str) -> str:
+    """The folder of a run's summary.json and summary.html (the run report)."""
+    return os.path.join(config.output_root, "runs", run_id)
 
 
 def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:

@@ -33,6 +33,8 @@ def test_the_command_is_mlops_monitor_and_its_folders_are_the_mounted_volumes():
     assert container["command"] == ["mlops"]
     args = build_parser().parse_args(container["args"])
     assert args.command == "monitor" and args.since == "1h" and args.pushgateway.startswith("http://")
+    # --retrain would run the local pipeline in the pod, against a read-only model repository (k8s/serving/README.md).
+    assert args.retrain is False
     config = load_config(args.config, args.overrides)
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     claims = {v["name"]: v.get("persistentVolumeClaim", {}) for v in pod()["volumes"]}

@@ -137,7 +137,8 @@ def test_metrics_accuracy_counts_one_half_as_negative_and_auc_needs_both_classes
     # As Keras' and TFMA's BinaryAccuracy, which the Trainer and the Evaluator report: positive above 0.5.
     probabilities = np.array([0.2, 0.5, 0.7, 0.4], dtype=np.float32)
     metrics = export._metrics(probabilities, np.array([0, 1, 1, 1]))
-    assert metrics == {"auc": 1.0, "accuracy": 0.5}
+    log_loss = -np.mean(np.log([0.8, 0.5, 0.7, 0.4]))
+    assert metrics == {"auc": 1.0, "accuracy": 0.5, "log_loss": pytest.approx(log_loss)}
     one_class = export._metrics(probabilities, np.array([0, 0, 0, 0]))
     assert np.isnan(one_class["auc"]) and one_class["accuracy"] == 0.75
 

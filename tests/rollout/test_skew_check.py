@@ -1,0 +1,242 @@
+"""The rollout's skew check (serving/rollout/skew.py): the candidate's requests, written by the real request logger
+(serving/request_log.py), judged against the candidate's own training statistics before each step. Taxi rows as in
+tests/monitoring/test_judge.py: traffic drawn like training passes and is promoted; fare x 3 and an unseen
+payment_type roll back naming exactly those two, in the state and the report; too few requests are inconclusive;
+a threshold just inside and just outside; the rollout refuses to start without request logs. A backend in memory
+(tests/rollout/memory.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import tensorflow_data_validation as tfdv
+
+from monitoring import judge as gate
+from pipeline.config import DEFAULT_CONFIG, MonitoringConfig, MonitoringFeatureConfig, RequestLogConfig, load_config
+from serving.request_log import RequestLogger, predict_messages_from_arrays
+from serving.rollout.controller import Controller, RolloutError
+from serving.rollout.skew import SkewCheck, describe_feature, judge_skew
+from tests.monitoring.request_logs import csv_rows, encode, feature_types, statistics_of
+from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedVerifier
+
+SCHEMA = tfdv.load_schema_text(str(DEFAULT_CONFIG.parent / "taxi_schema.pbtxt"))
+EPSILON = 1e-6
+CANDIDATE, STABLE = 2, 1
+# The controller's wall clock; the logged requests are answered a second after the rollout began.
+CLOCK = [1_800_000_000.0]
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(monkeypatch):
+    from serving.rollout import controller
+
+    CLOCK[0] = 1_800_000_000.0
+    monkeypatch.setattr(controller, "_now", lambda: CLOCK[0])
+
+
+@pytest.fixture(scope="module")
+def taxi(taxi_slice):
+    """The slice's rows as requests carry them: 1,200 trained on (the candidate's training statistics), every fifth
+    one served (400)."""
+    types = feature_types(SCHEMA, load_config().features)
+    everything = csv_rows(taxi_slice / "data.csv", types)
+    train = [row for i, row in enumerate(everything) if i % 5 < 3]
+    return {"types": types, "training": statistics_of(train, types, CANDIDATE), "served": everything[4::5]}
+
+
+def shifted(rows):
+    return [{**r, "fare": None if r["fare"] is None else r["fare"] * 3, "payment_type": b"Bitcoin"} for r in rows]
+
+
+def log_requests(folder, rows, types, version: int, at: float, named_version: int | None = None) -> None:
+    """`rows` as one-row predictions answered by `version` at `at`, through the servers' own request logger;
+    `named_version`: the request named that version (as the verifier's golden requests do)."""
+    logger = RequestLogger(RequestLogConfig(enabled=True), str(folder), clock=lambda: at)
+    for row in rows:
+        inputs = encode([row], types)
+        prediction = predict_messages_from_arrays(MODEL, named_version, None, version, "serving_default", inputs,
+                                                  {"probabilities": np.array([0.5], np.float32)})
+        logger.submit(MODEL, lambda prediction=prediction: prediction)
+    assert logger.flush()
+    logger.close()
+
+
+def skew_check(folder, taxi, min_requests: int = 300, monitoring: MonitoringConfig | None = None,
+               logging_enabled: bool = True) -> SkewCheck:
+    trained = {CANDIDATE: (SCHEMA, taxi["training"])}
+    return SkewCheck(str(folder), MODEL, monitoring or MonitoringConfig(), min_requests,
+                     lambda version: trained[version], logging_enabled=logging_enabled)
+
+
+def controller(tmp_path, check: SkewCheck, verifier: ScriptedVerifier | None = None, **options) -> Controller:
+    backend = MemoryBackend(HookedStore(tmp_path / "serving"))
+    verifier = verifier or ScriptedVerifier()
+    return Controller(backend, MODEL, [50, 100], lambda: verifier, load_timeout_s=0.2, keep_previous_s=0.0,
+                      poll_s=0.01, log=lambda _: None, sleep=lambda s: None, report_dir=str(tmp_path / "reports"),
+                      skew_check=check, **options)
+
+
+def skew_events(record):
+    return [e["figures"]["skew"] for e in record["events"] if "skew" in e.get("figures", {})]
+
+
+def test_a_canary_whose_traffic_is_drawn_like_training_is_promoted(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    record = controller(tmp_path, skew_check(logs, taxi)).start(CANDIDATE)
+    assert record["outcome"] == "promoted", record.get("reason")
+    checks = skew_events(record)
+    assert [c["verdict"] for c in checks] == ["passed", "passed"]
+    assert checks[0]["requests"] == 400 and checks[0]["flagged"] == []
+    assert sorted(f["name"] for f in checks[0]["features"]) == sorted(load_config().features)
+    assert all(f["value"] is not None and f["value"] <= f["threshold"] for f in checks[0]["features"])
+
+
+def test_a_canary_fed_shifted_data_is_rolled_back_naming_exactly_the_shifted_features(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, shifted(taxi["served"]), taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    check = skew_check(logs, taxi)
+    verifier = ScriptedVerifier()
+    control = controller(tmp_path, check, verifier)
+    record = control.start(CANDIDATE)
+    assert record["outcome"] == "rolled_back"
+    assert verifier.windows == [0, 50], "the window at 50% passed; the skew check failed it"
+    [figures] = skew_events(record)
+    assert figures["verdict"] == "failed" and figures["flagged"] == ["fare", "payment_type"]
+    by_name = {f["name"]: f for f in figures["features"]}
+    assert by_name["fare"]["crossed"] and by_name["fare"]["measure"] == "Jensen-Shannon divergence"
+    assert by_name["payment_type"]["value"] == pytest.approx(1.0)
+    assert any("Bitcoin" in a for a in by_name["payment_type"]["anomalies"])
+    # What the state says is what it recorded, read back: the reason names both features with their distances.
+    [last] = control.document()["history"]
+    assert last["reason"] == f"verification at 50% failed: {figures['error']}"
+    for name in ("fare", "payment_type"):
+        assert describe_feature(by_name[name]) in last["reason"]
+    assert f"{by_name['fare']['value']:.4f} > 0.25" in last["reason"]
+    others = [f["name"] for f in figures["features"] if f["name"] not in ("fare", "payment_type")]
+    assert others and not any(f"{name} " in last["reason"] for name in others)
+    # The report shows each feature's figures for the step.
+    page = (tmp_path / "reports" / f"{MODEL}-v{CANDIDATE}-{record['id']}.html").read_text()
+    assert "Skew against the candidate's training data" in page
+    assert f"{by_name['fare']['value']:.4f}" in page and "skewed" in page
+    saved = json.loads((tmp_path / "reports" / f"{MODEL}-v{CANDIDATE}-{record['id']}.json").read_text())
+    assert skew_events(saved) == [figures]
+
+
+def test_too_few_logged_requests_are_inconclusive_never_a_pass(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    verifier = ScriptedVerifier()
+    record = controller(tmp_path, skew_check(logs, taxi, min_requests=401), verifier).start(CANDIDATE)
+    assert record["outcome"] == "rolled_back"
+    assert verifier.windows == [0, 50, 50, 50], "counted toward rollout.max_inconclusive_windows"
+    assert [c["verdict"] for c in skew_events(record)] == ["inconclusive"] * 3
+    assert record["reason"].startswith("3 inconclusive windows in a row at 50%: 400 logged requests answered by "
+                                       "version 2 since the rollout began, fewer than rollout.skew_min_requests 401")
+
+
+def test_requests_of_other_versions_of_the_verifier_and_from_before_the_rollout_are_left_out(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    odd = shifted(taxi["served"])
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    # Each logger a second later: one process's loggers would otherwise name their first files alike.
+    log_requests(logs, odd[:50], taxi["types"], STABLE, CLOCK[0] + 2)
+    log_requests(logs, odd[:60], taxi["types"], CANDIDATE, CLOCK[0] + 3, named_version=CANDIDATE)
+    log_requests(logs, odd[:70], taxi["types"], CANDIDATE, CLOCK[0] - 3600)
+    figures = skew_check(logs, taxi).check(CANDIDATE, since=CLOCK[0])
+    assert figures["verdict"] == "passed" and figures["requests"] == 400, figures.get("inconclusive")
+    assert figures["left_out"] == {"another version's": 50, "the verifier's own": 60, "before the rollout": 70}
+
+
+def _measured(folder, taxi, feature: str) -> float:
+    figures = skew_check(folder, taxi).check(CANDIDATE, since=CLOCK[0])
+    return next(f["value"] for f in figures["features"] if f["name"] == feature)
+
+
+@pytest.mark.parametrize("feature", ["trip_miles", "company"])
+def test_a_threshold_just_inside_passes_and_just_outside_fails(tmp_path, taxi, feature):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    value = _measured(logs, taxi, feature)
+    assert 0 < value < 1
+    for limit, verdict in ((value + EPSILON, "passed"), (value, "passed"), (value - EPSILON, "failed")):
+        monitoring = MonitoringConfig(features={feature: MonitoringFeatureConfig(skew=limit)})
+        figures = skew_check(logs, taxi, monitoring=monitoring).check(CANDIDATE, since=CLOCK[0])
+        assert figures["verdict"] == verdict, limit
+        assert figures["flagged"] == ([feature] if verdict == "failed" else [])
+
+
+def test_the_skew_check_uses_the_monitoring_sections_thresholds(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    value = _measured(logs, taxi, "trip_miles")
+    monitoring = dataclasses.replace(MonitoringConfig(), numeric_skew=value - EPSILON)
+    figures = skew_check(logs, taxi, monitoring=monitoring).check(CANDIDATE, since=CLOCK[0])
+    assert "trip_miles" in figures["flagged"] and figures["verdict"] == "failed"
+
+
+def test_judge_skew_judges_only_with_enough_requests():
+    calls = []
+
+    def verdicts():
+        calls.append(1)
+        return [gate.FeatureVerdict("fare", gate.NUMERIC, gate.Distance("Jensen-Shannon divergence", 0.3, 0.25),
+                                    None),
+                gate.FeatureVerdict("company", gate.CATEGORICAL, gate.Distance("L-infinity distance", 0.1, 0.1),
+                                    None)]
+
+    few = judge_skew(99, 100, CANDIDATE, verdicts)
+    assert few["verdict"] == "inconclusive" and calls == [] and few["features"] == []
+    assert few["inconclusive"] == ("99 logged requests answered by version 2 since the rollout began, fewer than "
+                                   "rollout.skew_min_requests 100: skew not judged")
+    enough = judge_skew(100, 100, CANDIDATE, verdicts)
+    assert calls == [1] and enough["verdict"] == "failed" and enough["flagged"] == ["fare"]
+    assert enough["error"] == ("the requests version 2 answered are skewed against its training data: fare "
+                               "Jensen-Shannon divergence 0.3000 > 0.25")
+    assert [f["crossed"] for f in enough["features"]] == [True, False], "a distance at its threshold passes"
+
+
+def test_a_schema_anomaly_alone_fails_the_check():
+    found = judge_skew(5, 1, CANDIDATE, lambda: [gate.FeatureVerdict("payment_type", gate.CATEGORICAL, None, None,
+                                                                      ("unexpected value Bitcoin",))])
+    assert found["verdict"] == "failed" and found["flagged"] == ["payment_type"]
+    assert found["error"].endswith(": payment_type unexpected value Bitcoin")
+    assert found["features"][0]["value"] is None and not found["features"][0]["crossed"]
+
+
+def test_the_rollout_refuses_to_start_when_request_logging_is_off(tmp_path, taxi):
+    control = controller(tmp_path, skew_check(tmp_path / "logs", taxi, logging_enabled=False))
+    with pytest.raises(RolloutError) as raised:
+        control.start(CANDIDATE)
+    assert str(raised.value) == ("rollout.skew_check judges the canary's logged requests, but serving.request_log."
+                                 "enabled is false; enable serving.request_log on the servers and in this config "
+                                 "(README, \"Monitoring\"), or set rollout.skew_check=false.")
+    assert control.document().get("current") is None, "nothing started"
+    assert control.backend.writes == []
+
+
+def test_the_rollout_refuses_to_start_when_no_log_folder_is_reachable(tmp_path, taxi):
+    control = controller(tmp_path, skew_check(tmp_path / "logs", taxi))
+    with pytest.raises(RolloutError, match=r"finds no request logs of 'tiny' at .*logs/tiny; point serving\."
+                                           r"request_log\.directory .* not the pods' emptyDir"):
+        control.start(CANDIDATE)
+    assert control.document().get("current") is None and control.backend.writes == []
+
+
+def test_the_rollout_refuses_to_start_a_candidate_without_training_data(tmp_path, taxi):
+    log_requests(tmp_path / "logs", taxi["served"][:1], taxi["types"], STABLE, CLOCK[0])
+
+    def missing(version):
+        raise ValueError(f"version {version} of 'tiny' carries no training schema and statistics")
+
+    check = SkewCheck(str(tmp_path / "logs"), MODEL, MonitoringConfig(), 10, missing)
+    with pytest.raises(RolloutError, match="rollout.skew_check needs version 2's training data: version 2 of 'tiny' "
+                                           "carries no training schema"):
+        controller(tmp_path, check).start(CANDIDATE)
+
+
+def test_without_the_switch_no_skew_is_checked(tmp_path):
+    record = controller(tmp_path, None).start(CANDIDATE)
+    assert record["outcome"] == "promoted" and skew_events(record) == []

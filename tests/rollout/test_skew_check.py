@@ -240,3 +240,29 @@ def test_the_rollout_refuses_to_start_a_candidate_without_training_data(tmp_path
 def test_without_the_switch_no_skew_is_checked(tmp_path):
     record = controller(tmp_path, None).start(CANDIDATE)
     assert record["outcome"] == "promoted" and skew_events(record) == []
+
+
+def test_the_config_switch_builds_the_check_with_the_monitoring_thresholds(tmp_path):
+    from serving.rollout.factory import build_controller
+
+    settings = [f"output_root={tmp_path}", f"model_name={MODEL}", "rollout.skew_check=true",
+                "rollout.skew_min_requests=5", "monitoring.numeric_skew=0.2"]
+    backend = MemoryBackend(HookedStore(tmp_path / "serving"))
+    check = build_controller(load_config(None, settings), backend).skew_check
+    assert (check.log_dir, check.min_requests, check.monitoring.numeric_skew) == (str(tmp_path / "request_logs"), 5,
+                                                                                 0.2)
+    with pytest.raises(RolloutError, match="serving.request_log.enabled is false"):
+        build_controller(load_config(None, settings), backend).start(CANDIDATE)
+    enabled = build_controller(load_config(None, [*settings, "serving.request_log.enabled=true"]), backend)
+    with pytest.raises(RolloutError, match="finds no request logs"):
+        enabled.start(CANDIDATE)
+    assert build_controller(load_config(None, settings[:2]), backend).skew_check is None, "off by default"
+
+
+def test_skew_min_requests_must_be_at_least_one():
+    from pipeline.config import ConfigError
+
+    assert load_config(None, ["rollout.skew_min_requests=1"]).rollout.skew_min_requests == 1
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, ["rollout.skew_min_requests=0"])
+    assert str(refused.value) == "rollout.skew_min_requests must be at least 1."

@@ -8,17 +8,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
 import tensorflow_data_validation as tfdv
+from tensorflow_serving.apis import prediction_log_pb2
 
 from monitoring import judge as gate
-from pipeline.config import DEFAULT_CONFIG, MonitoringConfig, MonitoringFeatureConfig, RequestLogConfig, load_config
+from pipeline.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    MonitoringConfig,
+    MonitoringFeatureConfig,
+    RequestLogConfig,
+    load_config,
+)
 from serving.request_log import RequestLogger, predict_messages_from_arrays
 from serving.rollout.controller import Controller, RolloutError
+from serving.rollout.factory import build_controller
 from serving.rollout.skew import SkewCheck, describe_feature, judge_skew
-from tests.monitoring.request_logs import csv_rows, encode, feature_types, statistics_of
+from tests.monitoring.request_logs import (
+    csv_rows,
+    encode,
+    feature_types,
+    request_records,
+    statistics_of,
+    write_log_file,
+)
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedVerifier
 
 SCHEMA = tfdv.load_schema_text(str(DEFAULT_CONFIG.parent / "taxi_schema.pbtxt"))
@@ -243,8 +260,6 @@ def test_without_the_switch_no_skew_is_checked(tmp_path):
 
 
 def test_the_config_switch_builds_the_check_with_the_monitoring_thresholds(tmp_path):
-    from serving.rollout.factory import build_controller
-
     settings = [f"output_root={tmp_path}", f"model_name={MODEL}", "rollout.skew_check=true",
                 "rollout.skew_min_requests=5", "monitoring.numeric_skew=0.2"]
     backend = MemoryBackend(HookedStore(tmp_path / "serving"))
@@ -260,9 +275,21 @@ def test_the_config_switch_builds_the_check_with_the_monitoring_thresholds(tmp_p
 
 
 def test_skew_min_requests_must_be_at_least_one():
-    from pipeline.config import ConfigError
-
     assert load_config(None, ["rollout.skew_min_requests=1"]).rollout.skew_min_requests == 1
     with pytest.raises(ConfigError) as refused:
         load_config(None, ["rollout.skew_min_requests=0"])
     assert str(refused.value) == "rollout.skew_min_requests must be at least 1."
+
+
+def test_a_request_without_its_own_time_goes_with_its_files_start(tmp_path, taxi):
+    folder = tmp_path / "logs" / MODEL
+    records = []
+    for record in request_records(taxi["served"], taxi["types"], CANDIDATE, model=MODEL):
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        log.predict_log.request.model_spec.ClearField("version")  # a user's request names no version
+        records.append(log.SerializeToString())
+    write_log_file(folder, datetime.fromtimestamp(CLOCK[0] + 1, timezone.utc), records[:350], seq=1)
+    write_log_file(folder, datetime.fromtimestamp(CLOCK[0] - 60, timezone.utc), records[350:], seq=2,
+                   modified=datetime.fromtimestamp(CLOCK[0] + 30, timezone.utc))
+    figures = skew_check(tmp_path / "logs", taxi).check(CANDIDATE, since=CLOCK[0])
+    assert (figures["requests"], figures["left_out"], figures["files"]) == (350, {"before the rollout": 50}, 1)

@@ -41,12 +41,12 @@ def feature_figures(verdict: gate.FeatureVerdict) -> dict[str, Any]:
 
 
 def describe_feature(feature: dict[str, Any]) -> str:
-    """`fare Jensen-Shannon divergence 0.61 > 0.25`, with the schema anomalies after it."""
+    """`fare (Jensen-Shannon divergence 0.6100 > 0.25)`, with the schema anomalies after the distance."""
     parts = []
     if feature["crossed"]:
         parts.append(f"{feature['measure']} {feature['value']:.4f} > {feature['threshold']}")
-    parts += feature["anomalies"]
-    return f"{feature['name']} " + "; ".join(parts)
+    parts += [anomaly.strip() for anomaly in feature["anomalies"]]
+    return f"{feature['name']} ({'; '.join(parts)})"
 
 
 def judge_skew(requests: int, min_requests: int, candidate: int,

@@ -131,9 +131,10 @@ def test_a_canary_fed_shifted_data_is_rolled_back_naming_exactly_the_shifted_fea
     assert last["reason"] == f"verification at 50% failed: {figures['error']}"
     for name in ("fare", "payment_type"):
         assert describe_feature(by_name[name]) in last["reason"]
-    assert f"{by_name['fare']['value']:.4f} > 0.25" in last["reason"]
+    assert f"fare (Jensen-Shannon divergence {by_name['fare']['value']:.4f} > 0.25)" in last["reason"]
+    assert "payment_type (L-infinity distance 1.0000 > 0.1; " in last["reason"]
     others = [f["name"] for f in figures["features"] if f["name"] not in ("fare", "payment_type")]
-    assert others and not any(f"{name} " in last["reason"] for name in others)
+    assert others and not any(f"{name} (" in last["reason"] for name in others)
     # The report shows each feature's figures for the step.
     page = (tmp_path / "reports" / f"{MODEL}-v{CANDIDATE}-{record['id']}.html").read_text()
     assert "Skew against the candidate's training data" in page
@@ -211,7 +212,7 @@ def test_judge_skew_judges_only_with_enough_requests():
     enough = judge_skew(100, 100, CANDIDATE, verdicts)
     assert calls == [1] and enough["verdict"] == "failed" and enough["flagged"] == ["fare"]
     assert enough["error"] == ("the requests version 2 answered are skewed against its training data: fare "
-                               "Jensen-Shannon divergence 0.3000 > 0.25")
+                               "(Jensen-Shannon divergence 0.3000 > 0.25)")
     assert [f["crossed"] for f in enough["features"]] == [True, False], "a distance at its threshold passes"
 
 
@@ -219,7 +220,7 @@ def test_a_schema_anomaly_alone_fails_the_check():
     found = judge_skew(5, 1, CANDIDATE, lambda: [gate.FeatureVerdict("payment_type", gate.CATEGORICAL, None, None,
                                                                       ("unexpected value Bitcoin",))])
     assert found["verdict"] == "failed" and found["flagged"] == ["payment_type"]
-    assert found["error"].endswith(": payment_type unexpected value Bitcoin")
+    assert found["error"].endswith(": payment_type (unexpected value Bitcoin)")
     assert found["features"][0]["value"] is None and not found["features"][0]["crossed"]
 
 

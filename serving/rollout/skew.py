@@ -12,6 +12,7 @@ version and answers no label (KubeDL), the verifier's requests cannot be told ap
 """
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -109,7 +110,7 @@ class SkewCheck:
             raise SkewCheckError("rollout.skew_check judges the canary's logged requests, but serving.request_log."
                                  "enabled is false; enable serving.request_log on the servers and in this config "
                                  "(README, \"Monitoring\"), or set rollout.skew_check=false.")
-        folder = f"{self.log_dir.rstrip('/')}/{self.model}"
+        folder = posixpath.join(self.log_dir, self.model)
         if not tf.io.gfile.isdir(folder):
             raise SkewCheckError(f"rollout.skew_check finds no request logs of {self.model!r} at {folder}; point "
                                  "serving.request_log.directory at the folder the servers log to (on Kubernetes a "
@@ -126,15 +127,18 @@ class SkewCheck:
 
         window = logs.WindowStatistics()
         skipped: Counter[str] = Counter()
+        # The files that held requests judged.
+        files_read = 0
         try:
             files = logs.list_log_files(self.log_dir, self.model)
             begin = datetime.fromtimestamp(since, tz=timezone.utc)
             # Up to the newest file, whatever its stamp: the writers' clocks are not the controller's.
             for log_file in logs.files_between(files, begin, datetime.max.replace(tzinfo=timezone.utc)):
-                records, truncated = logs.read_records(log_file.path)
+                # A file still being written ends in a partial record: its whole records are judged.
+                records, _ = logs.read_records(log_file.path)
                 taken = user_requests(records, candidate, since, log_file.start.timestamp(), skipped)
                 if taken:
-                    window.note_file(log_file, truncated)
+                    files_read += 1
                     window.add_logs(taken)
         except (logs.LogError, OSError, tf.errors.OpError) as e:
             # A store that did not answer this time may next time: retried as an inconclusive window is.
@@ -151,5 +155,5 @@ class SkewCheck:
         except (ValueError, OSError) as e:  # monitoring.monitor.MonitorError: the training data went missing
             figures = {"requests": requests, "min_requests": self.min_requests, "features": [], "flagged": [],
                        "verdict": FAILED, "error": f"version {candidate}'s training data could not be read: {e}"}
-        figures.update(files=len(window.files), left_out={**dict(skipped), **dict(window.skipped)})
+        figures.update(files=files_read, left_out={**dict(skipped), **dict(window.skipped)})
         return figures

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from datetime import datetime, timezone
 
 import numpy as np
@@ -237,9 +238,12 @@ def test_the_rollout_refuses_to_start_when_request_logging_is_off(tmp_path, taxi
 
 def test_the_rollout_refuses_to_start_when_no_log_folder_is_reachable(tmp_path, taxi):
     control = controller(tmp_path, skew_check(tmp_path / "logs", taxi))
-    with pytest.raises(RolloutError, match=r"finds no request logs of 'tiny' at .*logs/tiny; point serving\."
-                                           r"request_log\.directory .* not the pods' emptyDir"):
+    with pytest.raises(RolloutError) as raised:
         control.start(CANDIDATE)
+    assert str(raised.value) == (
+        f"rollout.skew_check finds no request logs of 'tiny' at {tmp_path}/logs/tiny; point serving.request_log."
+        "directory at the folder the servers log to (on Kubernetes a shared claim or bucket, not the pods' emptyDir: "
+        "k8s/serving/README.md), or set rollout.skew_check=false.")
     assert control.document().get("current") is None and control.backend.writes == []
 
 
@@ -289,8 +293,32 @@ def test_a_request_without_its_own_time_goes_with_its_files_start(tmp_path, taxi
         log = prediction_log_pb2.PredictionLog.FromString(record)
         log.predict_log.request.model_spec.ClearField("version")  # a user's request names no version
         records.append(log.SerializeToString())
-    write_log_file(folder, datetime.fromtimestamp(CLOCK[0] + 1, timezone.utc), records[:350], seq=1)
+    # A record that is no PredictionLog among them is counted and the ones after it still read.
+    write_log_file(folder, datetime.fromtimestamp(CLOCK[0] + 1, timezone.utc),
+                   [*records[:10], b"\x00garbage", *records[10:350]], seq=1)
     write_log_file(folder, datetime.fromtimestamp(CLOCK[0] - 60, timezone.utc), records[350:], seq=2,
                    modified=datetime.fromtimestamp(CLOCK[0] + 30, timezone.utc))
     figures = skew_check(tmp_path / "logs", taxi).check(CANDIDATE, since=CLOCK[0])
-    assert (figures["requests"], figures["left_out"], figures["files"]) == (350, {"before the rollout": 50}, 1)
+    assert (figures["requests"], figures["left_out"], figures["files"]) == (
+        350, {"before the rollout": 50, "not a PredictionLog": 1}, 1)
+
+
+def test_requests_are_taken_by_their_own_time_from_the_rollouts_start_on(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    answered = [CLOCK[0] - 1] * 30 + [CLOCK[0]] * 20 + [CLOCK[0] + 1] * 380
+    now = [answered[0]]
+    # One logger, one file that began before the rollout: its requests are taken by their own time.
+    logger = RequestLogger(RequestLogConfig(enabled=True), str(logs), clock=lambda: now[0])
+    for at, row in zip(answered, [*taxi["served"][:30], *taxi["served"]], strict=True):
+        now[0] = at
+        inputs = encode([row], taxi["types"])
+        prediction = predict_messages_from_arrays(MODEL, None, None, CANDIDATE, "serving_default", inputs,
+                                                  {"probabilities": np.array([0.5], np.float32)})
+        logger.submit(MODEL, lambda prediction=prediction: prediction)
+    assert logger.flush()
+    logger.close()
+    [path] = (logs / MODEL).iterdir()
+    # The writer's newest file ends at its modification time: the fake clock's, not the machine's.
+    os.utime(path, (CLOCK[0] + 2, CLOCK[0] + 2))
+    figures = skew_check(logs, taxi).check(CANDIDATE, since=CLOCK[0])
+    assert (figures["requests"], figures["left_out"], figures["files"]) == (400, {"before the rollout": 30}, 1)

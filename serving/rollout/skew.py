@@ -148,7 +148,8 @@ class SkewCheck:
 
         def verdicts() -> list[gate.FeatureVerdict]:
             schema, training = self.training(candidate)
-            return gate.judge(schema, training, window.statistics(candidate), None, self.monitoring)
+            # Only the candidate's requests were added.
+            return gate.judge(schema, training, window.statistics(), None, self.monitoring)
 
         try:
             figures = judge_skew(requests, self.min_requests, candidate, verdicts)

@@ -322,3 +322,30 @@ def test_requests_are_taken_by_their_own_time_from_the_rollouts_start_on(tmp_pat
     os.utime(path, (CLOCK[0] + 2, CLOCK[0] + 2))
     figures = skew_check(logs, taxi).check(CANDIDATE, since=CLOCK[0])
     assert (figures["requests"], figures["left_out"], figures["files"]) == (400, {"before the rollout": 30}, 1)
+
+
+def test_logs_that_cannot_be_read_are_inconclusive(tmp_path, taxi):
+    figures = skew_check(tmp_path / "gone", taxi).check(CANDIDATE, since=CLOCK[0])
+    assert figures == {"requests": 0, "min_requests": 300, "features": [], "flagged": [], "verdict": "inconclusive",
+                       "inconclusive": f"the request logs could not be read: there are no request logs of model "
+                                       f"'tiny': {tmp_path}/gone/tiny does not exist; point serving.request_log."
+                                       "directory at the folder the servers log requests to."}
+
+
+def test_no_request_of_the_candidate_at_all_is_inconclusive(tmp_path, taxi):
+    log_requests(tmp_path / "logs", taxi["served"][:5], taxi["types"], STABLE, CLOCK[0] + 1)
+    figures = skew_check(tmp_path / "logs", taxi, min_requests=1).check(CANDIDATE, since=CLOCK[0])
+    assert (figures["requests"], figures["verdict"], figures["files"]) == (0, "inconclusive", 0)
+    assert figures["left_out"] == {"another version's": 5}
+
+
+def test_training_data_gone_mid_rollout_fails_the_step(tmp_path, taxi):
+    log_requests(tmp_path / "logs", taxi["served"][:5], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+
+    def gone(version):
+        raise OSError(f"no {version}/assets.extra/training/statistics.pb")
+
+    figures = SkewCheck(str(tmp_path / "logs"), MODEL, MonitoringConfig(), 5, gone).check(CANDIDATE, since=CLOCK[0])
+    assert figures == {"requests": 5, "min_requests": 5, "features": [], "flagged": [], "verdict": "failed",
+                       "error": "version 2's training data could not be read: no 2/assets.extra/training/"
+                                "statistics.pb", "files": 1, "left_out": {}}

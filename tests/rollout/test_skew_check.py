@@ -204,17 +204,23 @@ def test_judge_skew_judges_only_with_enough_requests():
         return [gate.FeatureVerdict("fare", gate.NUMERIC, gate.Distance("Jensen-Shannon divergence", 0.3, 0.25),
                                     None),
                 gate.FeatureVerdict("company", gate.CATEGORICAL, gate.Distance("L-infinity distance", 0.1, 0.1),
-                                    None)]
+                                    None),
+                gate.FeatureVerdict("payment_type", gate.CATEGORICAL, gate.Distance("L-infinity distance", 0.05, 0.1),
+                                    None, ("unexpected value Bitcoin ",))]
 
     few = judge_skew(99, 100, CANDIDATE, verdicts)
-    assert few["verdict"] == "inconclusive" and calls == [] and few["features"] == []
-    assert few["inconclusive"] == ("99 logged requests answered by version 2 since the rollout began, fewer than "
-                                   "rollout.skew_min_requests 100: skew not judged")
+    assert calls == [], "nothing judged"
+    assert few == {"requests": 99, "min_requests": 100, "features": [], "flagged": [], "verdict": "inconclusive",
+                   "inconclusive": "99 logged requests answered by version 2 since the rollout began, fewer than "
+                                   "rollout.skew_min_requests 100: skew not judged"}
     enough = judge_skew(100, 100, CANDIDATE, verdicts)
-    assert calls == [1] and enough["verdict"] == "failed" and enough["flagged"] == ["fare"]
+    assert calls == [1] and enough["verdict"] == "failed" and enough["flagged"] == ["fare", "payment_type"]
     assert enough["error"] == ("the requests version 2 answered are skewed against its training data: fare "
-                               "(Jensen-Shannon divergence 0.3000 > 0.25)")
-    assert [f["crossed"] for f in enough["features"]] == [True, False], "a distance at its threshold passes"
+                               "(Jensen-Shannon divergence 0.3000 > 0.25), payment_type (unexpected value Bitcoin)")
+    assert [f["crossed"] for f in enough["features"]] == [True, False, False], "a distance at its threshold passes"
+    assert enough["features"][1] == {"name": "company", "kind": "categorical", "measure": "L-infinity distance",
+                                     "value": 0.1, "threshold": 0.1, "crossed": False, "anomalies": [],
+                                     "flagged": False}
 
 
 def test_a_schema_anomaly_alone_fails_the_check():

@@ -88,10 +88,11 @@ def skew_check(folder, taxi, min_requests: int = 300, monitoring: MonitoringConf
                      lambda version: trained[version], logging_enabled=logging_enabled)
 
 
-def controller(tmp_path, check: SkewCheck, verifier: ScriptedVerifier | None = None, **options) -> Controller:
+def controller(tmp_path, check: SkewCheck, verifier: ScriptedVerifier | None = None, steps: tuple[int, ...] = (50, 100),
+               **options) -> Controller:
     backend = MemoryBackend(HookedStore(tmp_path / "serving"))
     verifier = verifier or ScriptedVerifier()
-    return Controller(backend, MODEL, [50, 100], lambda: verifier, load_timeout_s=0.2, keep_previous_s=0.0,
+    return Controller(backend, MODEL, list(steps), lambda: verifier, load_timeout_s=0.2, keep_previous_s=0.0,
                       poll_s=0.01, log=lambda _: None, sleep=lambda s: None, report_dir=str(tmp_path / "reports"),
                       skew_check=check, **options)
 
@@ -154,6 +155,29 @@ def test_too_few_logged_requests_are_inconclusive_never_a_pass(tmp_path, taxi):
     assert [c["verdict"] for c in skew_events(record)] == ["inconclusive"] * 3
     assert record["reason"].startswith("3 inconclusive windows in a row at 50%: 400 logged requests answered by "
                                        "version 2 since the rollout began, fewer than rollout.skew_min_requests 401")
+
+
+def test_the_check_runs_from_the_first_step_with_user_traffic_on(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    record = controller(tmp_path, skew_check(logs, taxi), steps=(1, 100)).start(CANDIDATE)
+    assert record["outcome"] == "promoted"
+    weights = [e["figures"]["weight"] for e in record["events"] if "skew" in e.get("figures", {})]
+    assert weights == [1, 100], "none at 0%: no user request reaches the canary before its first step"
+
+
+def test_a_window_and_a_skew_check_both_inconclusive_say_both(tmp_path, taxi):
+    logs = tmp_path / "logs"
+    log_requests(logs, taxi["served"][:10], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    verifier = ScriptedVerifier(inconclusive_at=[50])
+    control = controller(tmp_path, skew_check(logs, taxi), verifier)
+    state = control.start(CANDIDATE, wait_retain=False)
+    [event] = [e for e in control.document()["history"][-1]["events"] if "inconclusive (1 of 3" in e["message"]]
+    assert event["message"] == ("the window at 50% is inconclusive (1 of 3 in a row): no metrics from the canary "
+                                "server(s) canary-0 (failed scrape); 10 logged requests answered by version 2 since "
+                                "the rollout began, fewer than rollout.skew_min_requests 300: skew not judged; "
+                                "verifying again")
+    assert state["outcome"] == "rolled_back"
 
 
 def test_requests_of_other_versions_of_the_verifier_and_from_before_the_rollout_are_left_out(tmp_path, taxi):

@@ -183,13 +183,15 @@ def test_a_window_and_a_skew_check_both_inconclusive_say_both(tmp_path, taxi):
 def test_requests_of_other_versions_of_the_verifier_and_from_before_the_rollout_are_left_out(tmp_path, taxi):
     logs = tmp_path / "logs"
     odd = shifted(taxi["served"])
-    log_requests(logs, taxi["served"], taxi["types"], CANDIDATE, CLOCK[0] + 1)
     # Each logger a second later: one process's loggers would otherwise name their first files alike.
+    log_requests(logs, taxi["served"][:200], taxi["types"], CANDIDATE, CLOCK[0] + 1)
+    log_requests(logs, taxi["served"][200:], taxi["types"], CANDIDATE, CLOCK[0] + 4)
     log_requests(logs, odd[:50], taxi["types"], STABLE, CLOCK[0] + 2)
     log_requests(logs, odd[:60], taxi["types"], CANDIDATE, CLOCK[0] + 3, named_version=CANDIDATE)
     log_requests(logs, odd[:70], taxi["types"], CANDIDATE, CLOCK[0] - 3600)
     figures = skew_check(logs, taxi).check(CANDIDATE, since=CLOCK[0])
     assert figures["verdict"] == "passed" and figures["requests"] == 400, figures.get("inconclusive")
+    assert figures["files"] == 2, "the two files that held the candidate's user requests"
     assert figures["left_out"] == {"another version's": 50, "the verifier's own": 60, "before the rollout": 70}
 
 

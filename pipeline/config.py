@@ -478,6 +478,13 @@ class RolloutConfig:
     max_inconclusive_windows: int = 3
     on_inconclusive: Literal["rollback", "pause"] = "rollback"
     share_tolerance_sigmas: float = 4.0
+    # Before each step, the candidate's own logged requests since the rollout began judged for skew against its
+    # training statistics at the monitoring section's thresholds (serving/rollout/skew.py): a candidate trained on data
+    # unlike what it now receives is rolled back, whatever its error rate. Needs serving.request_log on the canary.
+    skew_check: bool = False
+    # Fewer logged candidate requests than this leave the skew check inconclusive, never passed: a small sample's
+    # distances are mostly sampling noise.
+    skew_min_requests: int = 1000
     # Only this many finished rollouts stay in the state document (a ConfigMap holds at most 1 MiB); every outcome
     # is also written to the reports.
     history_limit: int = 20
@@ -1159,7 +1166,7 @@ def _validate_rollout(rollout: RolloutConfig) -> None:
                 "window_requests_per_second", "max_p99_ratio", "share_tolerance_sigmas", "lease_duration_seconds"):
         if getattr(rollout, key) <= 0:
             raise ConfigError(f"rollout.{key} must be positive.")
-    for key in ("max_inconclusive_windows", "history_limit"):
+    for key in ("max_inconclusive_windows", "history_limit", "skew_min_requests"):
         if getattr(rollout, key) < 1:
             raise ConfigError(f"rollout.{key} must be at least 1.")
     for key in ("scrape_interval_seconds", "request_timeout_seconds"):

@@ -17,6 +17,7 @@ gets traffic through the weights alone.
 """
 from __future__ import annotations
 
+import calendar
 import contextlib
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import Any
 
 from serving.rollout.backends import Backend, BackendError
 from serving.rollout.report import report_paths, write_report
+from serving.rollout.skew import SkewCheck, SkewCheckError, describe_feature
 from serving.rollout.state import Holding, StateConflictError
 from serving.rollout.verify import Verifier
 
@@ -49,13 +51,17 @@ def _stamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
+def _seconds(stamp: str) -> float:
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+
+
 class Controller:
     def __init__(self, backend: Backend, model: str, steps: list[int], verifier_factory: Callable[[], Verifier],
                  load_timeout_s: float, keep_previous_s: float, poll_s: float,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
                  report_dir: str | None = None, limits: dict[str, Any] | None = None,
                  max_inconclusive: int = 3, on_inconclusive: str = "rollback", history_limit: int = 20,
-                 lease_wait_s: float = 0.0) -> None:
+                 lease_wait_s: float = 0.0, skew_check: SkewCheck | None = None) -> None:
         self.backend = backend
         self.model = model
         self.steps = list(steps)
@@ -74,6 +80,8 @@ class Controller:
         self.on_inconclusive = on_inconclusive
         self.history_limit = history_limit
         self.lease_wait_s = lease_wait_s
+        # rollout.skew_check: the candidate's logged requests judged against its training data before each step.
+        self.skew_check = skew_check
         self._holding: Holding | None = None
         self._document: dict[str, Any] = {}
         self._token = ""
@@ -250,6 +258,11 @@ class Controller:
                                "--allow-downgrade to roll it back in (while both are loaded, unversioned requests go "
                                "to the higher version).")
         self.backend.check_version(self.model, candidate)
+        if self.skew_check is not None:
+            try:
+                self.skew_check.ready(candidate)
+            except SkewCheckError as e:
+                raise RolloutError(str(e)) from None
         state = {"id": uuid.uuid4().hex[:12], "model": self.model, "backend": self.backend.name,
                  "stable": stable, "candidate": candidate, "steps": self.steps, "step": 0, "phase": "load",
                  "started_at": _stamp(_now()), "events": [], **({"limits": self.limits} if self.limits else {})}
@@ -319,11 +332,17 @@ class Controller:
             if not figures["error"]:
                 figures["window"] = verifier.window(C, weight)
                 figures["error"] = figures["window"].get("error")
+            if not figures["error"] and self.skew_check is not None and weight > 0:
+                # From the first step with user traffic on the canary (none reaches it at 0%), every request the
+                # candidate answered since the rollout began, not only this window's: the sample grows each step.
+                figures["skew"] = self.skew_check.check(C, since=_seconds(s["started_at"]))
+                figures["error"] = figures["skew"].get("error")
         self.log(f"verification at {weight}% canary traffic: {describe_figures(figures)}")
         if figures["error"]:
             return self._begin_rollback(s, f"verification at {weight}% failed: {figures['error']}", figures=figures)
         figures.pop("error")
-        inconclusive = figures["window"].get("inconclusive")
+        inconclusive = "; ".join(f["inconclusive"] for f in (figures["window"], figures.get("skew") or {})
+                                 if f.get("inconclusive")) or None
         if inconclusive is not None:
             count = s.get("inconclusive", 0) + 1
             if count < self.max_inconclusive:
@@ -539,10 +558,16 @@ def describe_figures(figures: dict[str, Any]) -> str:
         if share.get("checked"):
             text += f"; canary share {share['observed']:.1%} of {share['user_requests']:.0f} user requests"
         parts.append(text)
+    skew = figures.get("skew")
+    if skew is not None:
+        judged = [describe_feature(f) if f["flagged"] else f"{f['name']} {f['value']:.4f}"
+                  for f in skew["features"] if f["flagged"] or f["value"] is not None]
+        parts.append(f"skew of {skew['requests']} logged requests" + (f": {', '.join(judged)}" if judged else ""))
+    inconclusive = [f["inconclusive"] for f in (window or {}, skew or {}) if f.get("inconclusive")]
     if figures.get("error"):
         parts.append(f"FAILED: {figures['error']}")
-    elif window and window.get("inconclusive"):
-        parts.append(f"INCONCLUSIVE: {window['inconclusive']}")
+    elif inconclusive:
+        parts.append(f"INCONCLUSIVE: {'; '.join(inconclusive)}")
     else:
         parts.append("passed")
     return "; ".join(parts)

@@ -10,6 +10,7 @@ from serving.rollout.backends import Backend, BackendError, Endpoint, LocalBacke
 from serving.rollout.controller import Controller
 from serving.rollout.local_stack import running_stack
 from serving.rollout.prometheus import PrometheusSource, source_for
+from serving.rollout.skew import SkewCheck
 from serving.rollout.verify import Limits, Verifier, load_golden_rows
 
 
@@ -68,7 +69,20 @@ def build_controller(config, backend: Backend | None = None, log: Callable[[str]
                       rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped,
                       report_dir=report_dir(config), limits=dataclasses.asdict(limits),
                       max_inconclusive=rollout.max_inconclusive_windows, on_inconclusive=rollout.on_inconclusive,
-                      history_limit=rollout.history_limit, lease_wait_s=rollout.lease_wait_seconds)
+                      history_limit=rollout.history_limit, lease_wait_s=rollout.lease_wait_seconds,
+                      skew_check=skew_check(config))
+
+
+def skew_check(config) -> SkewCheck | None:
+    """The check rollout.skew_check asks for: the servers' request logs against each candidate's own training data
+    (the schema and statistics the Publisher copies into its version folder), at the monitoring thresholds."""
+    if not config.rollout.skew_check:
+        return None
+    from monitoring.monitor import training_data
+
+    return SkewCheck(config.request_log_dir, config.model_name, config.monitoring, config.rollout.skew_min_requests,
+                     lambda version: training_data(config, version),
+                     logging_enabled=config.serving.request_log.enabled)
 
 
 def report_dir(config) -> str:

@@ -194,6 +194,36 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
             "(NOT_FOUND) show where a track has little traffic.</p>" + "<br>".join(panels))
 
 
+def _skew_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """rollout.skew_check's figures per step: each feature's distance from the candidate's training data against its
+    threshold, and what its requests break of the training schema."""
+    checked = [(i, figures) for i, figures in enumerate(rows) if figures.get("skew")]
+    if not checked:
+        return []
+    out = ["<h2>Skew against the candidate's training data</h2>",
+           "<p>The requests the candidate answered since the rollout began, read from the request logs (the "
+           "verifier's own left out), against the training statistics and schema it was published with.</p>"]
+    for i, figures in checked:
+        skew = figures["skew"]
+        left_out = ", ".join(f"{n} {why}" for why, n in sorted((skew.get("left_out") or {}).items()))
+        out.append(f"<h3>step {i} at {_e(figures.get('weight', 0))}%: {_e(skew['requests'])} logged requests "
+                   f"(at least {_e(skew['min_requests'])} judged){_e(f'; left out: {left_out}' if left_out else '')}"
+                   "</h3>")
+        if not skew["features"]:
+            reason = skew.get("inconclusive") or skew.get("error") or "no feature judged"
+            out.append(f"<p class='failed'>{_e(reason)}</p>")
+            continue
+        out.append("<table><tr><th>feature</th><th>kind</th><th>measure</th><th>distance</th><th>threshold</th>"
+                   "<th>schema anomalies</th><th>verdict</th></tr>")
+        for feature in skew["features"]:
+            verdict = ("<td class='failed'>skewed</td>" if feature["flagged"] else "<td class='passed'>passed</td>")
+            cells = [feature["name"], feature["kind"], feature["measure"] or "-", _number(feature["value"], 4),
+                     _number(feature["threshold"], 4), "; ".join(feature["anomalies"]) or "-"]
+            out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
+        out.append("</table>")
+    return out
+
+
 def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -> str:
     outcome = record.get("outcome", "in progress")
     limits = record.get("limits") or {}
@@ -225,9 +255,11 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
                    "<th>requests</th><th>errors</th><th>error rate</th><th>p99 ms</th><th>verdict</th></tr>")
         for i, figures in enumerate(rows):
             golden, window = figures.get("golden") or {}, figures.get("window") or {}
+            inconclusive = "; ".join(f["inconclusive"] for f in (window, figures.get("skew") or {})
+                                     if f.get("inconclusive"))
             verdict = (f"<td class='failed'>FAILED: {_e(figures['error'])}</td>" if figures.get("error")
-                       else f"<td class='failed'>INCONCLUSIVE: {_e(window['inconclusive'])}</td>"
-                       if window.get("inconclusive") else "<td class='passed'>passed</td>")
+                       else f"<td class='failed'>INCONCLUSIVE: {_e(inconclusive)}</td>"
+                       if inconclusive else "<td class='passed'>passed</td>")
             window_text = f"{window['seconds']}s ({window['source']})" if window else "-"
             cells = [i, f"{figures.get('weight', 0)}%", figures.get("canary_servers", "-"), golden.get("rows", "-"),
                      _number(golden.get("rest_max_abs_diff"), 6), _number(golden.get("grpc_max_abs_diff"), 6),
@@ -236,6 +268,7 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
                      _number(window.get("error_rate"), 4), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")
+        out += _skew_tables(rows)
     if traffic is not None:
         out.append("<h2>Traffic per track</h2>")
         out.append(f"<p class='failed'>{_e(traffic['error'])}</p>" if "error" in traffic

@@ -199,6 +199,12 @@ def serve_command(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous_handler)
 
 
+def request_log_note(settings: RequestLogConfig, folder: str) -> str:
+    """What a server says of its request logging when it starts (`mlops deploy local` reads it back)."""
+    return (f"logging {settings.sampling_rate:g} of predictions under {folder}" if settings.enabled
+            else "request logging off (serving.request_log.enabled)")
+
+
 def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, str]:
     """The serving.request_log section of --config/--set, and the folder it writes to."""
     from pipeline.config import load_config
@@ -233,6 +239,7 @@ def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Even
     try:
         for problem in problems:
             print(f"warning: {problem}", file=sys.stderr)
+        print(request_log_note(request_log_settings, request_log_dir))
         print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)", flush=True)
         while not stopped.wait(0.5):
             pass
@@ -270,8 +277,7 @@ def log_proxy_command(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"error: cannot open the proxy's ports: {e}", file=sys.stderr)
             return 1
-        logging_note = (f"logging {request_log_settings.sampling_rate:g} of predictions under {request_log_dir}"
-                        if request_log_settings.enabled else "request logging off (serving.request_log.enabled)")
+        logging_note = request_log_note(request_log_settings, request_log_dir)
         print(f"proxying REST on {proxy.rest_url} to {args.upstream_rest} and gRPC on {proxy.grpc_target} to "
               f"{args.upstream_grpc}, {logging_note} (Ctrl-C to stop)", flush=True)
         while not stopped.wait(0.5):

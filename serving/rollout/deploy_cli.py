@@ -55,15 +55,25 @@ def deploy_command(args: argparse.Namespace) -> int:
         stack = local_stack.start(
             base, config.model_name, settings.stack_dir, settings.servers_per_track, settings.router_rest_port,
             settings.router_grpc_port, settings.prometheus_port, config.rollout.prometheus.scrape_interval_seconds,
-            config.rollout.prometheus.track_label)
+            config.rollout.prometheus.track_label, config_args=serve_config_args(args.config, args.overrides))
     except local_stack.StackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for server in stack.servers:
-        print(f"{server.name:<10} mlops serve pid {server.pid}: REST {server.rest}  gRPC {server.grpc}")
+        print(f"{server.name:<10} mlops serve pid {server.pid}: REST {server.rest}  gRPC {server.grpc}; "
+              f"{server.request_log or 'request logging not reported'}")
     print(f"clients    REST {stack.router_rest}/v1/models/{config.model_name}:predict  gRPC {stack.router_grpc} "
           f"(HAProxy pid {stack.haproxy_pid}; canary {stack.router().canary_weight()}%)")
     print(f"prometheus {stack.prometheus_url} (pid {stack.prometheus_pid}); `mlops rollout start --version V` moves "
           "traffic through the router and measures it there")
     print(f"state      {stack.folder}/{local_stack.STACK_FILE}; stop with `mlops deploy local --stop`")
     return 0
+
+
+def serve_config_args(config_path: str | None, overrides: list[str]) -> list[str]:
+    """The --config and --set flags that give each `mlops serve` of the stack this command's config (its
+    serving.request_log section): the file by its absolute path, as the servers may run from another folder."""
+    import os
+
+    flags = ["--config", os.path.abspath(config_path)] if config_path else []
+    return flags + [flag for override in overrides for flag in ("--set", override)]

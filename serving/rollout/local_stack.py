@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from serving.rollout.backends import TRACKS, BackendError, Endpoint
 STACK_FILE = "stack.json"
 BACKENDS = ("rest", "grpc")
 READY = re.compile(r"serving REST on (\S+) and gRPC on (\S+)")
+REQUEST_LOG = re.compile(r"^(?:logging \S+ of predictions under .+|request logging off .+)$", re.M)
 INSTALL = ("install them with `make deploy-deps` (as root: apt-get install -y haproxy prometheus; Debian's "
            "packages)")
 
@@ -68,6 +70,8 @@ class Server:
     rest: str
     grpc: str
     log: str
+    # What the server said of its request logging when it started (serving/cli.py, request_log_note).
+    request_log: str = ""
 
 
 @dataclass
@@ -307,8 +311,9 @@ def _stop_pid(pid: int, timeout_s: float = 20.0) -> None:
 def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_per_track: int = 1,
           router_rest_port: int = 0, router_grpc_port: int = 0, prometheus_port: int = 0,
           scrape_interval_s: float = 1.0, track_label: str = "track", canary_percent: int | None = None,
-          timeout_s: float = 120.0) -> Stack:
-    """Starts the whole stack (ports 0: free ones) and records it; raises StackError when it already runs."""
+          timeout_s: float = 120.0, config_args: Sequence[str] = ()) -> Stack:
+    """Starts the whole stack (ports 0: free ones) and records it; raises StackError when it already runs.
+    `config_args` (--config and --set) go to every `mlops serve`, which reads its serving.request_log section."""
     if servers_per_track < 1:
         raise StackError(f"rollout.local.servers_per_track must be at least 1, got {servers_per_track}.")
     tools = binaries()
@@ -335,13 +340,15 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
                 log = stack_dir / f"serve-{track}-{i}.log"
                 process = _spawn([sys.executable, "-m", "serving.cli", "serve", "--model-config",
                                   str((base / config_name).resolve()), "--rest-port", "0", "--grpc-port", "0",
-                                  "--poll-seconds", "0.5"], log)
+                                  "--poll-seconds", "0.5", *config_args], log)
                 started.append(process.pid)
                 processes.append((track, i, process, log))
         for track, i, process, log in processes:
             match = _wait_for(f"mlops serve ({track} {i})",
                               lambda log=log: READY.search(log.read_text(errors="replace")), process, log, timeout_s)
-            servers.append(Server(track, f"{track}-{i}", process.pid, match.group(1), match.group(2), str(log)))
+            said = REQUEST_LOG.search(log.read_text(errors="replace"))
+            servers.append(Server(track, f"{track}-{i}", process.pid, match.group(1), match.group(2), str(log),
+                                  said.group(0) if said else ""))
         rest_port = router_rest_port or free_port()
         grpc_port = router_grpc_port or free_port()
         haproxy_cfg = stack_dir / "haproxy.cfg"

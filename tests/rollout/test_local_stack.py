@@ -140,7 +140,10 @@ def stack(tmp_path_factory, tiny_versions):
     ModelRepository.for_track(base, "stable").serve(MODEL, [1], {"stable": 1})
     ModelRepository.for_track(base, "canary").serve(MODEL, [1], {"canary": 1})
     (root / "golden.csv").write_text(GOLDEN_CSV)
-    started = local_stack.start(base, MODEL, scrape_interval_s=SCRAPE_S)
+    # Every server logs what it answers, as `mlops deploy local --set serving.request_log.enabled=true` has them do.
+    logging = ["--set", f"output_root={root}", "--set", "serving.request_log.enabled=true",
+               "--set", "serving.request_log.max_file_seconds=1"]
+    started = local_stack.start(base, MODEL, scrape_interval_s=SCRAPE_S, config_args=logging)
     try:
         yield {"root": root, "base": base, "stack": started}
     finally:
@@ -273,6 +276,24 @@ def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
     args = build_parser().parse_args(["deploy", "local", *[a for o in overrides(stack) for a in ("--set", o)]])
     assert args.handler(args) == 2
     assert "already runs" in capsys.readouterr().err
+
+
+def test_the_stacks_servers_log_what_they_answer_through_the_router(stack):
+    from serving.client import GrpcClient, RestClient
+    from tests.serving.test_request_log import records as logged
+
+    started = stack["stack"]
+    folder = stack["root"] / "request_logs"
+    assert [s.request_log for s in started.servers] == [f"logging 1 of predictions under {folder}"] * 2
+    with RestClient(started.router_rest, retries=0) as rest, GrpcClient(started.router_grpc, retries=0) as grpc:
+        for client in (rest, grpc) * 3:
+            client.predict(ROW, MODEL, timeout=5.0)
+    deadline, records = time.monotonic() + 20, []
+    while time.monotonic() < deadline and len(records) < 6:
+        time.sleep(0.5)
+        records = logged(folder)
+    assert len(records) >= 6, "each answered prediction is a record of the model's folder"
+    assert {record.predict_log.request.model_spec.name for record in records} == {MODEL}
 
 
 def test_missing_binaries_are_one_sentence_that_says_what_installs_them(monkeypatch):

@@ -18,7 +18,7 @@ from tests.k8s.render import render
 from tests.k8s.test_networkpolicy import CONTROLLER, ENVOY, PROMETHEUS, VALUES
 
 OVERLAYS = ["k8s/serving/base", "k8s/serving/overlays/dev", "k8s/serving/overlays/prod",
-            "k8s/serving/overlays/object-storage"]
+            "k8s/serving/overlays/object-storage", "k8s/serving/overlays/request-logs"]
 BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
@@ -178,8 +178,14 @@ def test_the_logs_fit_their_volume_and_rotation_bounds_them(overlay):
         volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
         [mount] = [m for m in proxy["volumeMounts"] if config.request_log_dir.startswith(m["mountPath"] + "/")]
         volume = volumes[mount["name"]]
-        # An emptyDir by default: a pod whose emptyDir passes its sizeLimit is evicted, so the files must fit.
-        limit = quantity_bytes(volume["emptyDir"]["sizeLimit"])
+        if "persistentVolumeClaim" in volume:
+            # overlays/request-logs: one claim for every pod's files (tests/k8s/test_request_logs_overlay.py sizes it).
+            [claim] = [c for c in objects if c["kind"] == "PersistentVolumeClaim"
+                       and c["metadata"]["name"] == volume["persistentVolumeClaim"]["claimName"]]
+            limit = quantity_bytes(claim["spec"]["resources"]["requests"]["storage"])
+        else:
+            # An emptyDir by default: a pod whose emptyDir passes its sizeLimit is evicted, so the files must fit.
+            limit = quantity_bytes(volume["emptyDir"]["sizeLimit"])
         assert request_log.max_files * request_log.max_file_bytes <= limit, name
         assert not mount.get("readOnly")
         assert not [m for m in containers(deployment)["tfserving"]["volumeMounts"] if m["name"] == mount["name"]]

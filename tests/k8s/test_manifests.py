@@ -215,10 +215,12 @@ def test_the_kubedl_path_links_tfjob_modelversion_and_inference():
     [predictor] = inference["spec"]["predictors"]
     assert (predictor["name"], predictor["modelVersion"]) == ("serve", model_version["metadata"]["name"])
     assert "trafficWeight" not in predictor, "the routes split the traffic, not KubeDL"
-    [container] = predictor["template"]["spec"]["containers"]
-    # KubeDL's Service of a predictor targets the container ports with these names (else 8080 and 9000).
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"predictor-http-port": 8501, "predictor-grpc-port": 8500}
+    proxy, container = predictor["template"]["spec"]["containers"]
+    # KubeDL's Service of a predictor targets the container ports with these names (else 8080 and 9000): the log
+    # proxy's, in front of TF Serving (tests/k8s/test_kubedl_log_proxy.py).
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert proxy["name"] == "log-proxy" and ports == {"predictor-http-port": 8501, "predictor-grpc-port": 8500}
+    assert container["name"] == "tensorflow"
     # KubeDL sets MODEL_BASE_PATH to modelPath's parent (framework/tfserving.go SetSpec, b93a2b4) and the image's
     # entrypoint would serve $MODEL_BASE_PATH/$MODEL_NAME, a folder too deep: the command serves the parent itself,
     # where modelPath is version 1.

@@ -15,7 +15,8 @@ writes (core/request_logger.cc RequestLogger::Log, 2.16.1) and TFX's InfraValida
 Files: `<directory>/<model>/requests-<UTC time of the first record, %Y%m%dT%H%M%S%fZ>-<pid>-<seq>.tfrecord` (the
 names sort by time), written through tf.io.gfile (a folder or any URI it serves, gs:// included). A file is closed
 and the next one started when a record would take it past `max_file_bytes` or its first record is `max_file_seconds`
-old; a model's folder keeps `max_files` files, the oldest deleted first. On a local folder the file being written is
+old; a model's folder keeps `max_files` files, the oldest deleted first (only files whose writer has closed them: on
+a folder several servers share, one more each may be open). On a local folder the file being written is
 flushed after each batch of records (every 50 ms while records come), so it ends on a whole record.
 
 Requests never wait for the log: a sampled prediction is put on a bounded queue and a writer thread builds and writes
@@ -127,6 +128,12 @@ def predict_messages_from_arrays(
 def log_file_name(started: float, pid: int, seq: int) -> str:
     stamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     return f"{FILE_PREFIX}{stamp}-{pid}-{seq:06d}{FILE_SUFFIX}"
+
+
+def file_start(name: str) -> float:
+    """When the log file `name` (log_file_name's) got its first record, in seconds since 1970."""
+    stamp = name[len(FILE_PREFIX):].split("-", 1)[0]
+    return datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def log_files(directory: str, model: str) -> list[str]:
@@ -321,12 +328,16 @@ class RequestLogger:
         self._prune(files)
 
     def _prune(self, files: _ModelFiles) -> None:
-        """Deletes a model's oldest files beyond max_files, never the one being written."""
+        """Deletes a model's oldest files beyond max_files, never one that may still be written: on a folder that
+        several servers share (a ReadWriteMany claim), another writer's file is closed by its writer once
+        max_file_seconds old, so only files started more than twice that long ago are deleted."""
         try:
             names = sorted(n for n in tf.io.gfile.listdir(files.folder) if LOG_FILE_NAME.fullmatch(n))
             current = files.path.rsplit("/", 1)[-1]
             excess = len(names) - self.settings.max_files
-            for name in [n for n in names if n != current][:max(0, excess)]:
+            closed_before = self._clock() - 2 * self.settings.max_file_seconds
+            old = [n for n in names if n != current and file_start(n) < closed_before]
+            for name in old[:max(0, excess)]:
                 tf.io.gfile.remove(_join(files.folder, name))
         except (OSError, tf.errors.OpError) as e:  # another writer may have removed it first
             logger.warning("could not remove old request logs under %s: %s", files.folder, e)

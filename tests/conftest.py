@@ -47,3 +47,15 @@ def small_config(data_dir: Path, output_root: Path, *extra: str) -> PipelineConf
 
 def as_cli_flags(overrides: list[str]) -> list[str]:
     return [flag for override in overrides for flag in ("--set", override)]
+
+
+def init_and_run(root: Path, data: Path, label: str, overrides: list[str]) -> tuple[PipelineConfig, object]:
+    """`mlops init` on the CSV folder `data` with no hand edits, then the run of the config it wrote (with these
+    overrides, outputs under `root`): what a new user's first two commands do."""
+    from pipeline import cli
+    from pipeline.runner import run_local
+
+    out = root / "project"
+    assert cli.main(["init", "--data", str(data), "--label", label, "--output", str(out)]) == 0
+    config = load_config(out / f"{data.name}.yaml", [f"output_root={root / 'outputs'}", *overrides])
+    return config, run_local(config)

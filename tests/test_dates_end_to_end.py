@@ -12,9 +12,8 @@ import pytest
 import tensorflow as tf
 
 from pipeline import cli
-from pipeline.config import load_config
-from pipeline.runner import run_local
 from serving.model_repository import ModelRepository
+from tests.conftest import init_and_run
 
 SMALL = ["training.train_steps=400", "training.steps_per_epoch=50", "training.eval_steps=5",
          "optimize.fine_tune_steps=40", "transform.statistics=false", "export.latency_rows=10",
@@ -49,10 +48,7 @@ def write_rides(folder: Path) -> Path:
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("rides")
     data = write_rides(root / "rides")
-    out = root / "project"
-    assert cli.main(["init", "--data", str(data), "--label", "busy", "--output", str(out)]) == 0
-    config = load_config(out / "rides.yaml", [f"output_root={root / 'outputs'}", *SMALL])
-    return config, run_local(config), data
+    return (*init_and_run(root, data, "busy", SMALL), data)
 
 
 def test_init_recognises_each_date_and_timestamp_format(project, capsys):

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli
-from pipeline.config import load_config
-from pipeline.runner import run_local
+from tests.conftest import init_and_run
 
 # No pruning and a wide quantization tolerance: a model of noise can lose more than a tolerance to either, and the
 # run would stop in the Optimizer or the Exporter, not at the Evaluator this test is about.
@@ -37,10 +35,7 @@ def write_noise(folder: Path, rows: int = 600) -> Path:
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("medals")
     data = write_noise(root / "medals")
-    out = root / "project"
-    assert cli.main(["init", "--data", str(data), "--label", "medal", "--output", str(out)]) == 0
-    config = load_config(out / "medals.yaml", [f"output_root={root / 'outputs'}", *SMALL])
-    return config, run_local(config)
+    return init_and_run(root, data, "medal", SMALL)
 
 
 def test_init_writes_the_no_skill_figures_of_the_data(project):

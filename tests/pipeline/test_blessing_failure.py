@@ -82,15 +82,20 @@ def test_binary_accuracy_below_its_no_skill_bound_names_both_keys():
         "evaluation.no_skill_margin=0.25); improve the model or move the bound with those keys")
 
 
-def test_binary_log_loss_no_better_than_the_base_rate_names_both_keys():
-    # Three positives in ten rows: the base rate's log loss is 0.6109; the bound a tenth of the way to 0.
-    config = example_config("taxi", "evaluation.no_skill.log_loss=0.6109", "evaluation.baseline=none")
-    bound = 0.9 * 0.6109
-    assert message(config, {"auc": 0.9, "log_loss": bound - STEP}) == ""
-    assert message(config, {"auc": 0.9, "log_loss": bound + STEP}) == (
+@pytest.mark.parametrize("name, figure, others", [
+    # Three positives in ten rows: the base rate's log loss is 0.6109.
+    pytest.param("taxi", 0.6109, {"auc": 0.9}, id="binary-base-rate"),
+    # Three classes in equal shares: ln 3.
+    pytest.param("iris", 1.0986, {"macro_auc": 0.95}, id="multiclass-class-shares"),
+])
+def test_a_log_loss_no_better_than_the_no_skill_one_names_both_keys(name, figure, others):
+    config = example_config(name, f"evaluation.no_skill.log_loss={figure}", "evaluation.baseline=none")
+    bound = 0.9 * figure  # a tenth of the way to 0
+    assert message(config, {**others, "log_loss": bound - STEP}) == ""
+    assert message(config, {**others, "log_loss": bound + STEP}) == (
         f"the eval log_loss {bound + STEP:.4f} is above its upper bound {bound:g} (set by "
-        "evaluation.no_skill.log_loss=0.6109 and evaluation.no_skill_margin=0.1); improve the model or move the bound "
-        "with those keys")
+        f"evaluation.no_skill.log_loss={figure} and evaluation.no_skill_margin=0.1); improve the model or move the "
+        "bound with those keys")
 
 
 def test_multiclass_macro_auc_bound_and_comparison():
@@ -125,16 +130,6 @@ def test_multiclass_accuracy_judged_with_a_no_skill_figure_names_every_bound_of_
         "the eval accuracy 0.5409 is below its lower bound 0.541 (set by evaluation.lower_bound=0.5, "
         "evaluation.upper_bound=null, evaluation.no_skill.accuracy=0.49 and evaluation.no_skill_margin=0.1 on "
         "evaluation.metric=accuracy); improve the model or move the bound with those keys")
-
-
-def test_multiclass_log_loss_no_better_than_the_class_shares():
-    config = example_config("iris", "evaluation.baseline=none", "evaluation.no_skill.log_loss=1.0986")
-    bound = 0.9 * 1.0986
-    assert message(config, {"macro_auc": 0.95, "log_loss": bound - STEP}) == ""
-    assert message(config, {"macro_auc": 0.95, "log_loss": bound + STEP}) == (
-        f"the eval log_loss {bound + STEP:.4f} is above its upper bound {bound:g} (set by "
-        "evaluation.no_skill.log_loss=1.0986 and evaluation.no_skill_margin=0.1); improve the model or move the bound "
-        "with those keys")
 
 
 def test_multiclass_log_loss_above_its_upper_bound():

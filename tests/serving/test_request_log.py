@@ -242,6 +242,25 @@ def test_a_models_folder_keeps_at_most_max_files_the_oldest_deleted(tmp_path):
     assert (folder / "notes.txt").exists()
 
 
+def test_a_shared_folder_never_loses_another_writers_open_file(tmp_path):
+    # Two servers on one ReadWriteMany claim: the second rotates a file per record and prunes to max_files at each,
+    # while the first still writes the file it opened.
+    clock = FakeClock()
+    first = RequestLogger(settings(max_files=2), str(tmp_path / "logs"), clock=clock)
+    write(first, clock, [clock.now])
+    [open_file] = log_files(str(tmp_path / "logs"), MODEL)
+    second = RequestLogger(settings(max_files=2, max_file_bytes=1), str(tmp_path / "logs"), clock=clock)
+    write(second, clock, [clock.now + 0.1 * i for i in range(1, 5)])
+    write(first, clock, [clock.now])
+    assert Path(open_file).exists(), "a file started within twice max_file_seconds may still be written"
+    first.close()
+    assert len(list(read_prediction_logs(open_file))) == 2, "both of the first server's records are in its file"
+    # Long after, every file is closed: the next rotation prunes the folder to max_files again.
+    write(second, clock, [clock.now + 3 * settings().max_file_seconds])
+    second.close()
+    assert len(log_files(str(tmp_path / "logs"), MODEL)) == 2 and not Path(open_file).exists()
+
+
 def test_an_unwritable_log_folder_leaves_requests_answered_and_counts_failures(repository, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("the log folder would be below this file")

@@ -143,7 +143,11 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
         if gate is not None:
             raise gate from None
         stage = progress.current or "the pipeline"
-        raise PipelineError(f"{stage} failed: {error}; see the full log at {log_path}") from error
+        verdict = ""
+        if "Evaluator" in progress.finished and stage != "Evaluator":
+            with _logs_to_file(log_path):
+                verdict = evaluator_verdict(config)
+        raise PipelineError(f"{stage} failed: {error}{verdict}; see the full log at {log_path}") from error
 
     # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.
     with _logs_to_file(log_path):
@@ -172,6 +176,18 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
 def run_report_dir(config: PipelineConfig, run_id: str) -> str:
     """The folder of a run's summary.json and summary.html (the run report)."""
     return os.path.join(config.output_root, "runs", run_id)
+
+
+def evaluator_verdict(config: PipelineConfig) -> str:
+    """A clause for the error of a stage that failed beside a finished Evaluator that did not bless the model: a
+    tolerance to raise (the Exporter's) is no way forward for a model that would not be published anyway."""
+    try:
+        summary = latest_run(os.path.abspath(config.metadata_path), config.name)
+        if summary.blessed is not False:
+            return ""
+        return f" (and the Evaluator did not bless this model: {blessing_failure(summary, config)})"
+    except Exception:  # noqa: BLE001 - the stage's own error is the one to report; this only adds to it
+        return ""
 
 
 def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:

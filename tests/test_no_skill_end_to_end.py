@@ -64,3 +64,11 @@ def test_a_model_of_noise_is_not_blessed_and_the_console_names_the_no_skill_keys
     # The figures of ignoring the features on the same eval rows are beside the model's.
     eval_no_skill = summary.export.get("no_skill") or {}
     assert {"accuracy", "log_loss"} <= set(eval_no_skill), summary.export.keys()
+
+
+def test_a_stage_failing_beside_it_names_the_evaluators_verdict_too(project):
+    # A model of noise often fails the Exporter's quantization tolerance too: raising it would be a dead end.
+    from pipeline.runner import evaluator_verdict
+
+    config, summary = project
+    assert evaluator_verdict(config) == f" (and the Evaluator did not bless this model: {summary.blessing_failure})"

@@ -16,7 +16,7 @@ import posixpath
 
 from pipeline.config import RolloutKubeDLConfig, load_config
 from tests.k8s.networkpolicy import Pod, admits
-from tests.k8s.render import REPO, render
+from tests.k8s.render import render
 from tests.k8s.test_log_proxy_sidecar import probe_port, proxy_arguments, quantity_bytes, tf_serving_flag
 
 HTTP_PORT_NAME, GRPC_PORT_NAME = "predictor-http-port", "predictor-grpc-port"
@@ -147,17 +147,19 @@ def test_the_logs_fit_their_volume_and_rotation_bounds_them():
     assert not [m for m in found["tensorflow"]["volumeMounts"] if m["name"] == mount["name"]]
 
 
-def test_no_network_policy_admits_anyone_to_tf_servings_own_ports():
-    """k8s/kubedl and k8s/training ship no NetworkPolicy for the `mlops` namespace, so nothing there filters 9500 and
-    9501 (k8s/kubedl/README.md says so); a policy added for the predictors must admit no one to them."""
+def test_the_predictors_admit_anyone_to_the_proxy_and_no_one_to_tf_servings_own_ports():
+    """k8s/kubedl/networkpolicy.yaml selects the pods by the label KubeDL gives them (controllers/serving/labels.go
+    insertLabelsForPredictor): every source reaches the proxy's ports, none TF Serving's, and a TFJob worker of the
+    same namespace is not selected."""
     policies = [o for o in render("k8s/kubedl") + render("k8s/training") if o["kind"] == "NetworkPolicy"]
-    if not policies:
-        readme = (REPO / "k8s/kubedl/README.md").read_text()
-        assert "9500" in readme and "NetworkPolicy" in readme
-        return
     labels = {"kubedl.io/inference-name": inference()["metadata"]["name"],
-              "kubedl.io/predictor-name": predictor()["name"]}
+              "kubedl.io/predictor-name": predictor()["name"], "kubedl.io/model-version": predictor()["modelVersion"]}
     server = Pod(inference()["metadata"]["namespace"], labels)
     own = [p["containerPort"] for p in containers()["tensorflow"]["ports"]]
-    sources = [Pod("envoy-gateway-system", {"app.kubernetes.io/name": "envoy"}), Pod("mlops", {"app": "debug"})]
+    proxy = [p["containerPort"] for p in containers()["log-proxy"]["ports"]]
+    sources = [Pod("envoy-gateway-system", {"app.kubernetes.io/name": "envoy"}), Pod("mlops", {"app": "debug"}),
+               Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})]
     assert not [(s, port) for s in sources for port in own if admits(policies, server, s, port)]
+    assert all(admits(policies, server, s, port) for s in sources for port in proxy)
+    worker = Pod("mlops", {"training.kubedl.io/job-name": "taxi", "training.kubedl.io/replica-type": "worker"})
+    assert admits(policies, worker, Pod("mlops", {"app": "debug"}), 2222), "TFJob workers keep their own ports"

@@ -86,7 +86,7 @@ $(BUILDAH) $(MMDEBSTRAP):
 # Not part of `make test` yet: the Dockerfile built by buildah (as root: chroot isolation) on stand-ins for its base
 # images made from Debian's packages and the Python and Node.js `make setup` uses (scripts/image_stand_ins.sh), for
 # machines that reach no container registry; then tests/test_image.py runs the image. Layers are cached in buildah's
-# storage, so a rebuild with an unchanged lock takes seconds.
+# storage: a rebuild reuses them all, though buildah re-reads the 4 GB venv to match its COPY (~3 min on 2 cores).
 image-test: setup $(BUILDAH) $(MMDEBSTRAP)
 	scripts/image_stand_ins.sh $(PY) $$(command -v node)
 	buildah bud --isolation chroot --layers --pull=never -t $(TEST_IMAGE) .

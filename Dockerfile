@@ -14,6 +14,8 @@ RUN npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 FROM python:3.10-slim-bookworm AS python
 ARG UV_VERSION=0.13.9
 RUN pip install --no-cache-dir "uv==${UV_VERSION}" && python -m venv /opt/venv
+# pyfarmhash (tensorflow-data-validation's) is published as source only: g++ compiles it here, never in the image.
+RUN apt-get update && apt-get install -y --no-install-recommends g++=4:12.2.0-3 && rm -rf /var/lib/apt/lists/*
 COPY requirements.lock /tmp/requirements.lock
 RUN uv pip sync --no-cache --compile-bytecode --python /opt/venv/bin/python /tmp/requirements.lock
 

@@ -10,6 +10,11 @@ from pipeline.data import EMBEDDED_TAXI_DIR, write_slice
 SLICE_ROWS = 2000
 
 
+def pytest_addoption(parser):
+    parser.addoption("--image", default="", help="an image built from the Dockerfile, in buildah's storage, for "
+                     "tests/test_image.py (`make image-test` builds one and passes it)")
+
+
 @pytest.fixture(scope="session")
 def taxi_slice(tmp_path_factory) -> Path:
     """A folder holding the first 2,000 rows of the embedded Chicago taxi sample."""

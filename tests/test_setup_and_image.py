@@ -137,8 +137,12 @@ def test_the_image_installs_the_lock_file_make_setup_installs():
     syncs = [line for line in everything if " pip sync " in line]
     assert len(syncs) == 1 and syncs[0].endswith("/tmp/requirements.lock")
     assert "COPY requirements.lock /tmp/requirements.lock" in everything
-    installs = [line for line in everything if re.search(r"pip install|npm install|apt-get install", line)]
+    installs = [line for line in everything if re.search(r"pip install|npm install", line)]
     assert installs == ['RUN pip install --no-cache-dir "uv==${UV_VERSION}" && python -m venv /opt/venv']
+    # apt brings only a pinned compiler for the lock's source-only packages, and only to the stage that syncs it.
+    apt_installs = [line for line in everything if "apt-get install" in line]
+    assert apt_installs and all(line in stages[1] for line in apt_installs)
+    assert all(re.search(r"apt-get install -y --no-install-recommends g\+\+=\S+ &&", line) for line in apt_installs)
     # The same Python minor as `make setup` and `make lock`.
     assert re.search(r"--python-version 3\.10\b", makefile)
     assert all(line.split()[1].startswith("python:3.10-") for line in everything

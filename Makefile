@@ -83,7 +83,7 @@ $(BUILDAH) $(MMDEBSTRAP):
 	  exit 1; \
 	fi
 
-# Not part of `make test` yet: the Dockerfile built by buildah (as root: chroot isolation) on stand-ins for its base
+# Part of `make test`, after the suite: the Dockerfile built by buildah (as root: chroot isolation) on stand-ins for its base
 # images made from Debian's packages and the Python and Node.js `make setup` uses (scripts/image_stand_ins.sh), for
 # machines that reach no container registry; then tests/test_image.py runs the image. Layers are cached in buildah's
 # storage: a rebuild reuses them all, though buildah re-reads the 4 GB venv to match its COPY (~3 min on 2 cores).
@@ -126,8 +126,10 @@ lock: | $(UV)
 demo: setup
 	$(VENV)/bin/mlops run --config $(CONFIG) --serve-after
 
+# The suite, then the image: built from the Dockerfile and run (image-test, below).
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) image-test
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -239,8 +239,9 @@ def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Even
     try:
         for problem in problems:
             print(f"warning: {problem}", file=sys.stderr)
-        print(request_log_note(request_log_settings, request_log_dir))
-        print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)", flush=True)
+        # One write: whoever waits for the first line (`mlops deploy local`) finds the logging note with it.
+        print(f"serving REST on {server.rest_url} and gRPC on {server.grpc_target} (Ctrl-C to stop)\n"
+              f"{request_log_note(request_log_settings, request_log_dir)}", flush=True)
         while not stopped.wait(0.5):
             pass
     except KeyboardInterrupt:

@@ -145,6 +145,7 @@ def test_mlops_serve_runs_until_sigterm(repository, tmp_path):
             line = _readline(process.stdout, 120)  # the server is up (or the process died: an empty line)
             assert line.startswith("serving REST on http://127.0.0.1:"), line
             rest_url = line.split()[3]
+            assert _readline(process.stdout, 10) == "request logging off (serving.request_log.enabled)\n"
             status, body = http_json("GET", f"{rest_url}/v1/models/{MODEL}/labels/canary")
             assert status == 200 and body["model_version_status"][0]["version"] == "2"
             status, body = http_json("POST", f"{rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})

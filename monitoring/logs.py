@@ -272,7 +272,7 @@ class WindowStatistics:
             self.truncated.append(log_file.path)
 
     def add(self, records: Iterable[bytes]) -> None:
-        self.add_logs(_parse(record, self.skipped) for record in records)
+        self.add_logs(parse_record(record, self.skipped) for record in records)
 
     def add_logs(self, logs: Iterable[Any]) -> None:
         """Adds parsed PredictionLogs (None: a record that was not one, already counted)."""
@@ -353,7 +353,7 @@ class WindowStatistics:
 Progress = Callable[[int, int, int], None]
 
 
-def _parse(record: bytes, skipped: Counter[str]) -> Any:
+def parse_record(record: bytes, skipped: Counter[str]) -> Any:
     from google.protobuf.message import DecodeError
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -377,7 +377,7 @@ def read_time_windows(files: list[LogFile], since: datetime, until: datetime, cu
         records, truncated = read_records(log_file.path)
         this, before = [], []
         for record in records:
-            log = _parse(record, (current if log_file in now else previous).skipped)
+            log = parse_record(record, (current if log_file in now else previous).skipped)
             if log is None:
                 continue
             stamp = log.log_metadata.timestamp_secs

@@ -75,7 +75,7 @@ def user_requests(records: list[bytes], candidate: int, since: float, file_start
     record without its own time goes with its file's start. The others are counted in `skipped` by why."""
     taken = []
     for record in records:
-        log = logs._parse(record, skipped)
+        log = logs.parse_record(record, skipped)
         if log is None:
             continue
         if log.log_metadata.model_spec.version.value != candidate:

@@ -354,6 +354,7 @@ Progress = Callable[[int, int, int], None]
 
 
 def parse_record(record: bytes, skipped: Counter[str]) -> Any:
+    """One request log record as a PredictionLog, or None (counted in `skipped`) when it is not one."""
     from google.protobuf.message import DecodeError
     from tensorflow_serving.apis import prediction_log_pb2
 

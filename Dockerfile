@@ -32,10 +32,12 @@ COPY --from=python /opt/venv /opt/venv
 WORKDIR /app
 COPY --from=javascript /build/node_modules components/exporter/node/node_modules
 COPY setup.py README.md ./
+COPY settings settings
 COPY pipeline pipeline
 COPY components components
 COPY serving serving
 COPY monitoring monitoring
+COPY rollout rollout
 RUN mkdir outputs && chown 10001:10001 outputs
 # Numeric, so that Kubernetes can verify runAsNonRoot.
 USER 10001

@@ -21,8 +21,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import components  # noqa: E402,F401  (Keras 2 before TensorFlow)
-from pipeline.config import load_config  # noqa: E402
 from pipeline.training import NoTransformOutputError, latest_transform_output, train  # noqa: E402
+from settings.config import load_config  # noqa: E402
 
 # Logged by run_fn for every epoch: "epoch 2: 50 steps of 256 examples in 3.21s, 3987 examples/s".
 EPOCH = re.compile(r"epoch (\d+): (\d+) steps of (\d+) examples in ([\d.]+)s")

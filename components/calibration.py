@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from sklearn.metrics import roc_auc_score
 
-from pipeline.config import CalibrationConfig
+from settings.config import CalibrationConfig
 
 # Newton steps of the Platt fit and the bounds of log T searched by the temperature fit.
 _NEWTON_STEPS = 100

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.specs import DATA_KEY, LABEL_KEY, TRANSFORM_KEY
-from pipeline.config import (
+from settings.config import (
     DATETIME_ID_PARTS,
     DataConfig,
     LabelConfig,

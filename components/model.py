@@ -22,7 +22,7 @@ from components.features import FeatureLayout, transformed_name
 from components.specs import TRAINING_KEY
 from components.tasks import Task, task_from_transform
 from components.transform import read_constants
-from pipeline.config import TrainingConfig, read_section
+from settings.config import TrainingConfig, read_section
 
 skip_autograph_for_tf_keras()
 

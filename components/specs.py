@@ -3,7 +3,7 @@ TFX's own `standard_component_specs` are for its components.
 
 Configuration crosses the component boundary as typed sections of PipelineConfig: the DAG writes each section a
 component reads under the section's name (`PipelineConfig.sections`), and the component reads it back with
-`pipeline.config.read_section`, into the same dataclass.
+`settings.config.read_section`, into the same dataclass.
 """
 from tfx.types import standard_component_specs as tfx_specs
 

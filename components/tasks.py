@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from pipeline.config import TASK_METRICS, task_metric
+from settings.config import TASK_METRICS, task_metric
 
 # The SavedModel's output each kind answers with: one probability per row (binary), a probability per class
 # (multiclass, beside the predicted class name and the class names), or the predicted number (regression).

@@ -7,7 +7,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from components.features import FeatureLayout, transformed_name
-from pipeline.config import DATETIME_ID_PARTS, EPOCH_FORMAT, LabelConfig, datetime_fields
+from settings.config import DATETIME_ID_PARTS, EPOCH_FORMAT, LabelConfig, datetime_fields
 
 # The vocabulary file holding every analyzer result that is not a vocabulary itself (see record_constants).
 CONSTANTS_VOCABULARY = "transform_constants"

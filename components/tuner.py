@@ -18,7 +18,7 @@ from components.model import (
 )
 from components.specs import TRAINING_KEY, TUNER_KEY
 from components.tasks import task_from_transform
-from pipeline.config import TrainingConfig, TunerConfig, read_section
+from settings.config import TrainingConfig, TunerConfig, read_section
 
 
 def search_space() -> keras_tuner.HyperParameters:

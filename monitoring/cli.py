@@ -83,7 +83,7 @@ def _print_retrain(record: dict) -> None:
 def monitor_command(args: argparse.Namespace) -> int:
     from monitoring.logs import LogError, now_utc
     from monitoring.monitor import MonitorError, monitor, read_record, window_from_arguments
-    from pipeline.config import load_config
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
-from pipeline.config import MonitoringConfig
+from settings.config import MonitoringConfig
 
 CATEGORICAL = "categorical"
 NUMERIC = "numeric"

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from components.publisher.publish import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 from monitoring import judge as gate
 from monitoring import logs
-from pipeline.config import MONITORING_THRESHOLDS, PipelineConfig
+from settings.config import MONITORING_THRESHOLDS, PipelineConfig
 
 RECORD_FILE = "monitor.json"
 PAGE_FILE = "monitor.html"

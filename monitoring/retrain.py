@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from monitoring import logs
 from monitoring.monitor import RECORD_FILE, MonitorResult, rewrite_record
-from pipeline.config import PipelineConfig
+from settings.config import PipelineConfig
 
 if TYPE_CHECKING:
     from pipeline.summary import RunSummary

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from components.features import transformed_name
 from components.transform import bucket_ids, category_ids, z_score
-from pipeline.config import TrainingConfig, load_config
 from pipeline.data import EMBEDDED_TAXI_DIR
+from settings.config import TrainingConfig, load_config
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The one place where `beam.*` config becomes Beam's pipeline arguments for every Beam-powered component."""
 from __future__ import annotations
 
-from pipeline.config import BeamConfig
+from settings.config import BeamConfig
 
 
 def direct_running_mode(beam: BeamConfig, rows: int | None) -> str:

@@ -24,7 +24,17 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from monitoring.judge import feature_kind
-from pipeline.config import (
+from pipeline.data import (
+    COMMON_MISSING_MARKERS,
+    ColumnProfile,
+    DataError,
+    cell_type,
+    check_csv_folder,
+    csv_header,
+    profile_columns,
+)
+from pipeline.statistics_page import statistics_html
+from settings.config import (
     EPOCH_FORMAT,
     FEATURE_NAME,
     MONITORING_THRESHOLDS,
@@ -41,16 +51,6 @@ from pipeline.config import (
     no_skill_bound,
     usable_name,
 )
-from pipeline.data import (
-    COMMON_MISSING_MARKERS,
-    ColumnProfile,
-    DataError,
-    cell_type,
-    check_csv_folder,
-    csv_header,
-    profile_columns,
-)
-from pipeline.statistics_page import statistics_html
 
 SPLITS = ("train", "eval")
 # Integer columns with at most this many distinct values are codes (hour, month, category id): a vocabulary, or

@@ -14,24 +14,17 @@ from typing import NoReturn
 
 from components.compat import select_native_log_level
 from monitoring import cli as monitoring_cli
+from rollout import cli as rollout_cli
+from rollout import deploy_cli
 from serving import cli as serving_cli
-from serving.rollout import cli as rollout_cli
-from serving.rollout import deploy_cli
-
-
-def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config (default: the Chicago taxi job)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key, e.g. --set training.train_steps=500 (repeatable)",
-    )
+from settings.arguments import add_config_args
 
 
 def _run(args: argparse.Namespace) -> int:
     from components.gates.anomalies import DataValidationError
-    from pipeline.config import load_config
     from pipeline.data import DataError
     from pipeline.runner import PipelineError, run_local
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     try:
@@ -101,8 +94,8 @@ def _init(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from components.distributed.launcher import WorkerFailedError
     from components.distributed.tfjob import TFJobFailedError
-    from pipeline.config import load_config
     from pipeline.training import NoTransformOutputError, train
+    from settings.config import load_config
 
     overrides = list(args.overrides)
     if args.workers is not None:
@@ -120,9 +113,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
     from pipeline.kubeflow import KubeflowError, compile_pipeline
     from pipeline.preflight import check_config
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     try:
@@ -151,7 +144,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _parameters(pairs: list[str]) -> dict[str, str]:
-    from pipeline.config import ConfigError
+    from settings.config import ConfigError
 
     values = {}
     for pair in pairs:
@@ -163,10 +156,10 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
     from pipeline.data import DataError
     from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
     from pipeline.preflight import check_config
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     arguments = _parameters(args.params)
@@ -193,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlops", description="TFX pipeline from CSV to TF Serving.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the whole pipeline locally (LocalDagRunner on Beam)")
-    _add_config_args(run)
+    add_config_args(run)
     run.add_argument("--serve-after", action="store_true",
                      help="then serve the pushed model and print one REST and one gRPC prediction for an eval row")
     run.add_argument("--data-only", action="store_true",
@@ -208,25 +201,25 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--name", default="", help="the pipeline's and the model's name (default: the data folder's)")
     init.add_argument("--force", action="store_true", help="replace files of the same names")
     init.set_defaults(handler=_init)
-    serving_cli.register(commands, _add_config_args)
-    rollout_cli.register(commands, _add_config_args)
-    deploy_cli.register(commands, _add_config_args)
-    monitoring_cli.register(commands, _add_config_args)
+    serving_cli.register(commands, add_config_args)
+    rollout_cli.register(commands, add_config_args)
+    deploy_cli.register(commands, add_config_args)
+    monitoring_cli.register(commands, add_config_args)
     train = commands.add_parser(
         "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
     )
-    _add_config_args(train)
+    add_config_args(train)
     train.add_argument("--workers", type=int, help="number of workers (default: training.workers)")
     train.set_defaults(handler=_train)
     compile_ = commands.add_parser("compile", help="compile the pipeline for Kubeflow Pipelines V2")
     compile_.add_argument("target", choices=["kubeflow"])
-    _add_config_args(compile_)
+    add_config_args(compile_)
     compile_.add_argument("--output", required=True,
                           help="pipeline.yaml (open-source Kubeflow Pipelines 2.x) or pipeline.json (Vertex AI)")
     compile_.set_defaults(handler=_compile)
     submit = commands.add_parser("submit", help="start a run on Kubeflow Pipelines and print its link")
     submit.add_argument("target", choices=["kubeflow"])
-    _add_config_args(submit)
+    add_config_args(submit)
     submit.add_argument("--host", help="the KFP API, e.g. http://localhost:8080 (default: kubeflow.host)")
     submit.add_argument("--package", help="a pipeline.yaml from mlops compile kubeflow (default: compile now)")
     submit.add_argument("--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
@@ -259,8 +252,8 @@ def _main(argv: list[str] | None, collect: bool) -> int:
             gc.collect()
         return code
     except Exception as e:
-        # Only the commands that read a config import pipeline.config (`mlops predict` does not, to start fast).
-        config_module = sys.modules.get("pipeline.config")
+        # Only the commands that read a config import settings.config (`mlops predict` does not, to start fast).
+        config_module = sys.modules.get("settings.config")
         if config_module is None or not isinstance(e, config_module.ConfigError):
             raise
         print(f"config error: {e}", file=sys.stderr)

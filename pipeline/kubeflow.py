@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from components import artifacts
-from pipeline.config import KubeflowTaskConfig, PipelineConfig, quantity
 from pipeline.data import EMBEDDED_TAXI_DIR
 from pipeline.datasets import is_bundled
+from settings.config import KubeflowTaskConfig, PipelineConfig, quantity
 
 # The Dockerfile's layout: the repository at WORKDIR, the locked environment in a virtualenv.
 IMAGE_PROJECT_ROOT = "/app"

@@ -41,7 +41,8 @@ from components.specs import (
     TRAINER_SECTIONS,
 )
 from pipeline.beam import beam_pipeline_args
-from pipeline.config import (
+from pipeline.data import count_csv_rows, resolve_data_dir
+from settings.config import (
     REPOSITORY_BASELINES,
     EvaluationConfig,
     PipelineConfig,
@@ -50,7 +51,6 @@ from pipeline.config import (
     task_metric,
     tolerance_note,
 )
-from pipeline.data import count_csv_rows, resolve_data_dir
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
 RUN_FN = "components.model.run_fn"

@@ -9,8 +9,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from pipeline.config import EPOCH_FORMAT, PipelineConfig
 from pipeline.data import DataError, csv_header, profile_columns
+from settings.config import EPOCH_FORMAT, PipelineConfig
 
 NUMERIC_TYPES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT"}
 TYPE_NAMES = {schema_pb2.TYPE_UNKNOWN: "no type", schema_pb2.BYTES: "BYTES (a string)", schema_pb2.INT: "INT",

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from pipeline import STARTED
-from pipeline.config import PipelineConfig
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.preflight import check_config
 from pipeline.progress import StageProgress
 from pipeline.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorkers
 from pipeline.summary import RunSummary, latest_run, write_report
+from settings.config import PipelineConfig
 
 
 class PipelineError(RuntimeError):

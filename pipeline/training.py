@@ -10,8 +10,8 @@ from typing import TextIO
 from components import artifacts
 from components.distributed.spec import WorkerSpec
 from pipeline import metadata
-from pipeline.config import PipelineConfig
 from pipeline.pipeline import RUN_FN, TRANSFORM_NODE, trainer_custom_config
+from settings.config import PipelineConfig
 
 
 class NoTransformOutputError(LookupError):

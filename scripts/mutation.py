@@ -6,7 +6,7 @@ the equivalent mutants accepted by the exclusion list with their reasons. Exits 
 surviving mutant the list does not name, or when the list names a mutant that no longer exists.
 
     .venv/bin/python scripts/mutation.py                       # every target
-    .venv/bin/python scripts/mutation.py --module pipeline/config.py
+    .venv/bin/python scripts/mutation.py --module settings/config.py
 """
 from __future__ import annotations
 

@@ -23,9 +23,10 @@ from serving import (
     DEFAULT_UPSTREAM_REST,
     ServingLimits,
 )
+from settings import arguments
 
 if TYPE_CHECKING:
-    from pipeline.config import RequestLogConfig
+    from settings.config import RequestLogConfig
 
 
 def register(subparsers: argparse._SubParsersAction,
@@ -207,7 +208,7 @@ def request_log_note(settings: RequestLogConfig, folder: str) -> str:
 
 def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, str]:
     """The serving.request_log section of --config/--set, and the folder it writes to."""
-    from pipeline.config import load_config
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     return config.serving.request_log, config.request_log_dir
@@ -433,10 +434,8 @@ def _usage_error(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs `serve`, `log-proxy` or `predict` without the rest of `mlops` (used by the benchmark and tests)."""
-    from pipeline.cli import _add_config_args
-
     parser = argparse.ArgumentParser(prog="python -m serving.cli")
-    register(parser.add_subparsers(dest="command", required=True), _add_config_args)
+    register(parser.add_subparsers(dest="command", required=True), arguments.add_config_args)
     args = parser.parse_args(argv)
     return args.handler(args)
 

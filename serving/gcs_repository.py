@@ -169,7 +169,7 @@ class GcsModelRepository(RepositoryBase):
         self, model_name: str, write: Callable[[Path], None], record: Mapping[str, object] | None = None
     ) -> int:
         """Publishes the next version: `write(folder)` fills a local folder, which is staged, checked, numbered and
-        committed (see the module's docstring). Publishing serves nothing: a rollout does (see serving/rollout)."""
+        committed (see the module's docstring). Publishing serves nothing: a rollout does (see rollout)."""
         validate_model_name(model_name)
         with tempfile.TemporaryDirectory(prefix="mlops-publish-") as folder:
             write(Path(folder))

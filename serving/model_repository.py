@@ -217,7 +217,7 @@ class RepositoryBase:
     ) -> int:
         """Publishes the next version: `write(folder)` fills a local folder, `record` (what published it: run,
         blessing...) lands in publication.json and a manifest checksums every file. Publishing serves nothing: a
-        rollout does (see serving/rollout)."""
+        rollout does (see rollout)."""
         raise NotImplementedError
 
     def version_with_content(self, model_name: str, digest: str) -> int | None:
@@ -480,7 +480,7 @@ class ModelRepository(RepositoryBase):
     ) -> int:
         """Publishes the next version: `write(folder)` fills a staging folder, `record` (what published it: run,
         blessing...) lands in publication.json, a manifest checksums every file, and one rename makes it visible.
-        Publishing serves nothing: a rollout does (see serving/rollout)."""
+        Publishing serves nothing: a rollout does (see rollout)."""
         with self.staged_version(model_name) as staged:
             write(staged.path)
             if record is not None:

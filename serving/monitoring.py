@@ -1,6 +1,6 @@
 """TF Serving's Prometheus metrics, as `mlops serve` answers them at /monitoring/prometheus/metrics: the same names,
 labels and semantics as TF Serving 2.16.1 with a MonitoringConfig that enables prometheus_config (see
-serving/rollout/metrics.py for the source files): `:tensorflow:serving:request_count{model_name,status}` over every
+rollout/metrics.py for the source files): `:tensorflow:serving:request_count{model_name,status}` over every
 request that names a model, and the histogram `:tensorflow:serving:request_latency{model_name,API,entrypoint}` of
 successful ones, in microseconds with buckets 10 * 1.8^i; and with request logging on (serving/request_log.py),
 `:mlops:serving:request_log_count{model_name,status}` of sampled predictions written, dropped (the writer's queue was

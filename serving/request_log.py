@@ -40,9 +40,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import logging_pb2, model_pb2, predict_pb2, prediction_log_pb2
 
-from pipeline.config import RequestLogConfig
 from serving.limits import wire_fields
 from serving.monitoring import RequestLogMetrics
+from settings.config import RequestLogConfig
 
 logger = logging.getLogger(__name__)
 

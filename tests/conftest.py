@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 import components  # noqa: F401  (selects Keras 2 before any test imports TensorFlow)
-from pipeline.config import PipelineConfig, load_config
 from pipeline.data import EMBEDDED_TAXI_DIR, write_slice
+from settings.config import PipelineConfig, load_config
 
 SLICE_ROWS = 2000
 

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 
 from pipeline import cli
-from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.runner import run_local
 from serving.client import GrpcClient, RestClient, format_prediction
 from serving.model_repository import ModelRepository
+from settings.config import DEFAULT_CONFIG, load_config
 from tests.browser import render
 from tests.conftest import as_cli_flags
 from tests.pipeline.test_report_page import report_problems

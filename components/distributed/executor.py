@@ -24,7 +24,7 @@ from components import artifacts
 from components.distributed.launcher import LineSink, launch_local_workers
 from components.distributed.spec import WorkerSpec
 from components.specs import TRAINING_KEY
-from pipeline.config import TrainingConfig, read_section
+from settings.config import TrainingConfig, read_section
 
 # Where the worker processes import `components` from: this checkout.
 REPO_ROOT = str(Path(__file__).resolve().parents[2])

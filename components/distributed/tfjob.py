@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
-from pipeline.config import TFJobConfig
+from settings.config import TFJobConfig
 
 # operator -> (API group, version)
 APIS = {"kubeflow": ("kubeflow.org", "v1"), "kubedl": ("training.kubedl.io", "v1alpha1")}

@@ -39,7 +39,7 @@ from tfx_bsl.coders import csv_decoder
 from components import artifacts
 from components.specs import LABEL_COLUMN_KEY, MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
 
-# The label fields ExampleGen needs to put a row in its class (pipeline.config.LabelConfig's names).
+# The label fields ExampleGen needs to put a row in its class (settings.config.LabelConfig's names).
 STRATIFY_LABEL_FIELDS = ("kind", "column", "threshold", "relative_to", "positive_value")
 # Hashes above every row's: the cut of a split that gets no rows of a class.
 _PAST_LAST_HASH = 1 << 64

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from components.artifacts import read_records
 from components.exporter.export import EvalData
-from pipeline.config import ExportConfig
+from settings.config import ExportConfig
 
 
 def request_columns(serialized: list[bytes], raw_feature_spec: dict[str, Any], features: list[str]) -> dict[str, Any]:

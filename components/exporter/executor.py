@@ -22,7 +22,7 @@ from components.specs import (
     MODEL_KEY,
     TRANSFORM_GRAPH_KEY,
 )
-from pipeline.config import EvaluationConfig, ExportConfig, read_section
+from settings.config import EvaluationConfig, ExportConfig, read_section
 
 
 class Executor(base_executor.BaseExecutor):

@@ -37,7 +37,7 @@ from components.tasks import (
     no_skill_figures,
     task_metrics,
 )
-from pipeline.config import ExportConfig, task_metric, tolerance_note
+from settings.config import ExportConfig, task_metric, tolerance_note
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 

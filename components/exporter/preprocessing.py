@@ -35,7 +35,7 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
     from components.features import transformed_name
     from components.tasks import task_from_transform
     from components.transform import read_constants
-    from pipeline.config import DATETIME_ID_PARTS, datetime_fields
+    from settings.config import DATETIME_ID_PARTS, datetime_fields
 
     tft_output = tft.TFTransformOutput(transform_output_dir)
     raw_spec = tft_output.raw_feature_spec()

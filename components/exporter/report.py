@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from components import artifacts
-from pipeline.config import TASK_METRICS
+from settings.config import TASK_METRICS
 
 # Column headings of the task's metrics.
 HEADINGS = {"auc": "AUC", "macro_auc": "macro AUC", "log_loss": "log loss", "rmse": "RMSE", "mae": "MAE", "r2": "R²"}

@@ -36,7 +36,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.tasks import task_from_transform
-from pipeline.config import (
+from settings.config import (
     CalibrationConfig,
     DataConfig,
     EvaluationConfig,

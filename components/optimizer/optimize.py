@@ -22,7 +22,7 @@ import tensorflow_model_optimization as tfmot
 from absl import logging
 
 from components.tasks import describe_figures, task_metrics
-from pipeline.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric, tolerance_note
+from settings.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric, tolerance_note
 
 # Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
 _PROB_EPSILON = 1e-7

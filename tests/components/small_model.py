@@ -15,7 +15,7 @@ from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, sche
 from components.features import FeatureLayout, transformed_name
 from components.model import build_model, categorical_cardinalities, export_serving_model
 from components.transform import preprocessing_fn
-from pipeline.config import TrainingConfig
+from settings.config import TrainingConfig
 
 CUSTOM_CONFIG = {
     "data": {

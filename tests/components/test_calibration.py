@@ -22,7 +22,7 @@ from components.calibration import (
     sigmoid,
     softmax,
 )
-from pipeline.config import CalibrationConfig
+from settings.config import CalibrationConfig
 
 
 def miscalibrated_binary(n=20000, seed=0, scale=0.5, shift=-0.8):

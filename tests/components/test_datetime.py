@@ -17,7 +17,7 @@ from components.exporter.preprocessing import build_spec, datetime_value, prepro
 from components.exporter.runtimes import node_executable
 from components.features import FeatureLayout
 from components.transform import preprocessing_fn
-from pipeline.config import ConfigError, datetime_fields, load_config
+from settings.config import ConfigError, datetime_fields, load_config
 
 CUSTOM_CONFIG = {
     "data": {"numeric_features": ["fare"],

@@ -20,7 +20,7 @@ from components.example_gen.executor import (
     split_cuts,
 )
 from components.transform import compute_label
-from pipeline.config import LabelConfig
+from settings.config import LabelConfig
 
 CSV = ("distance,count,city,label\n"
        "1.5,3,Paris,yes\n"

@@ -23,7 +23,7 @@ from components.exporter.export import (
 )
 from components.exporter.runtimes import Runner
 from components.tasks import Task
-from pipeline.config import ExportConfig
+from settings.config import ExportConfig
 
 QUANTIZED_ARTIFACTS = ("tflite/dynamic", "tflite/float16", "tflite/int8")
 # Non-default limits, so a gate that reads the default or the other format's limit fails these tests.

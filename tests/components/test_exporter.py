@@ -19,7 +19,7 @@ from components.exporter.export import EvalData, ExportGateError, _representativ
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from components.model import export_serving_model
-from pipeline.config import ExportConfig
+from settings.config import ExportConfig
 from tests.components.small_model import build_small_model
 
 

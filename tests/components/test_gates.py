@@ -11,7 +11,7 @@ from tfx.types import artifact_utils, standard_artifacts
 
 from components.gates.anomalies import Anomaly, DataValidationError, check_anomalies, read_anomalies
 from components.gates.executor import Executor as GateExecutor
-from pipeline.config import DEFAULT_CONFIG
+from settings.config import DEFAULT_CONFIG
 
 SCHEMA_PATH = DEFAULT_CONFIG.parent / "taxi_schema.pbtxt"
 

@@ -18,7 +18,7 @@ from components.model import (
 )
 from components.tasks import Task
 from components.transform import CONSTANTS_VOCABULARY
-from pipeline.config import TrainingConfig
+from settings.config import TrainingConfig
 
 NUMERIC = ["fare_xf", "trip_miles_xf"]
 CARDINALITIES = {"payment_type_xf": 12, "lat_xf": 11}

@@ -39,7 +39,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.transform import preprocessing_fn
-from pipeline.config import (
+from settings.config import (
     CalibrationConfig,
     DistillConfig,
     EvaluationConfig,

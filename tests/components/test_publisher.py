@@ -11,8 +11,8 @@ from components.publisher.publish import (
     TrainingData,
     publish_model,
 )
+from rollout.cli import version_rows
 from serving.model_repository import ModelRepository, RepositoryError
-from serving.rollout.cli import version_rows
 from tests.serving.conftest import save_tiny_model
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from components.publisher.publish import publish_model
+from rollout.cli import version_rows
 from serving.gcs_repository import GcsModelRepository
 from serving.model_repository import ModelRepository, RepositoryError, content_digest, open_repository
-from serving.rollout.cli import version_rows
 from tests.gcs_emulator import GcsEmulator
 from tests.serving.conftest import save_tiny_model
 

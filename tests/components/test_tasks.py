@@ -22,8 +22,8 @@ from components.tasks import (
     no_skill_figures,
     task_metrics,
 )
-from pipeline.config import DEFAULT_CONFIG, TASK_METRICS, ConfigError, ExportConfig, load_config, task_metric
 from pipeline.pipeline import eval_config
+from settings.config import DEFAULT_CONFIG, TASK_METRICS, ConfigError, ExportConfig, load_config, task_metric
 
 CONFIGS = DEFAULT_CONFIG.parent
 STEP = 1e-4

@@ -12,7 +12,7 @@ from kubernetes.client.rest import ApiException
 from components.distributed.executor import run_distributed_training, tfjob_name
 from components.distributed.spec import WorkerSpec
 from components.distributed.tfjob import APIS, TFJobFailedError, build_tfjob, run_tfjob
-from pipeline.config import load_config
+from settings.config import load_config
 from tests.k8s.crds import crd_schema
 
 PRIMITIVES = {"str": {"type": "string"}, "int": {"type": "integer"}, "bool": {"type": "boolean"},

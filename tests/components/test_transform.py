@@ -223,7 +223,7 @@ def test_a_multiclass_label_is_a_class_id_and_a_missing_label_is_no_class(tmp_pa
     import tensorflow_transform as tft
 
     from components.tasks import task_from_transform
-    from pipeline.config import LabelConfig
+    from settings.config import LabelConfig
 
     rows, output_dir = transform_with_label(tmp_path_factory, {"kind": "multiclass", "column": "payment_type"})
     task = task_from_transform(LabelConfig(kind="multiclass", column="payment_type"), tft.TFTransformOutput(output_dir))
@@ -241,7 +241,7 @@ def test_a_regression_label_is_the_number_and_its_mean_and_std_are_recorded(tmp_
     import tensorflow_transform as tft
 
     from components.tasks import task_from_transform
-    from pipeline.config import LabelConfig
+    from settings.config import LabelConfig
 
     rows, output_dir = transform_with_label(tmp_path_factory, {"kind": "regression", "column": "tips"})
     tips = np.array([row["tips"][0] for row in ROWS])

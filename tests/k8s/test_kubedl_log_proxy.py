@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import posixpath
 
-from pipeline.config import RolloutKubeDLConfig, load_config
+from settings.config import RolloutKubeDLConfig, load_config
 from tests.k8s.networkpolicy import Pod, admits
 from tests.k8s.render import render
 from tests.k8s.test_log_proxy_sidecar import probe_port, proxy_arguments, quantity_bytes, tf_serving_flag

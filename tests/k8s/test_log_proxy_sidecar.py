@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import RolloutKubernetesConfig, load_config
 from serving.monitoring import METRICS_PATH
+from settings.config import RolloutKubernetesConfig, load_config
 from tests.k8s.networkpolicy import Pod, admits
 from tests.k8s.render import render
 from tests.k8s.test_networkpolicy import CONTROLLER, ENVOY, PROMETHEUS, VALUES

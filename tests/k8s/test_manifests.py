@@ -191,7 +191,7 @@ def test_routes_split_by_integer_weights_between_the_tracks(rendered):
 
 def test_the_kubedl_path_links_tfjob_modelversion_and_inference():
     from components.distributed.tfjob import build_tfjob
-    from pipeline.config import load_config
+    from settings.config import load_config
 
     config = load_config(None, [
         "training.backend=tfjob", "training.tfjob.operator=kubedl", "training.tfjob.model_version_name=taxi",

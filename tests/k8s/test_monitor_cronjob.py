@@ -9,7 +9,7 @@ import posixpath
 
 from monitoring.monitor import EXIT_CROSSED
 from pipeline.cli import build_parser
-from pipeline.config import load_config
+from settings.config import load_config
 from tests.k8s.networkpolicy import Pod, admits
 from tests.k8s.render import render
 

@@ -88,7 +88,7 @@ def test_a_drain_can_evict_a_server_at_the_fewest_replicas(overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_canarys_capacity_follows_its_share_of_the_traffic(overlay):
-    from pipeline.config import RolloutConfig
+    from settings.config import RolloutConfig
 
     objects = render(overlay)
     hpas = {h["spec"]["scaleTargetRef"]["name"]: h["spec"]
@@ -151,8 +151,8 @@ def key(obj: dict) -> tuple[str, str, str]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_reapplying_the_overlay_after_a_rollout_leaves_the_controllers_state_alone(overlay):
-    from pipeline.config import RolloutKubernetesConfig
     from serving.model_repository import parse_model_server_config
+    from settings.config import RolloutKubernetesConfig
 
     settings = RolloutKubernetesConfig()
     owned = {("ConfigMap", settings.stable_config_map), ("ConfigMap", settings.canary_config_map),

@@ -1,5 +1,5 @@
 """The rollout controller's Role grants exactly the API calls its backend makes: a missing verb fails here, not on the
-cluster, and a needless one fails too. The calls are read from serving/rollout/kube.py itself (every
+cluster, and a needless one fails too. The calls are read from rollout/kube.py itself (every
 `self.<api>.<verb>_namespaced_<kind>(...)` of the backend's class, its bases and the classes it builds), mapped to
 RBAC (group, resource, verb) the way the API server's request info does it (k8s.io/apiserver
 pkg/endpoints/request/requestinfo.go, v0.31.0: GET of an object is `get`, of a collection `list`, POST `create`, PUT
@@ -13,7 +13,7 @@ import pytest
 
 from tests.k8s.render import REPO, render
 
-KUBE = REPO / "serving/rollout/kube.py"
+KUBE = REPO / "rollout/kube.py"
 VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch", "delete": "delete",
          "get": "get"}
 CORE_KINDS = {"config_map": ("", "configmaps"), "pod": ("", "pods"), "pod_proxy": ("", "pods/proxy"),
@@ -117,7 +117,7 @@ def named(settings, backend: str) -> dict[tuple[str, str], set[str]]:
     ("kubedl", "KubeDLBackend", "k8s/kubedl"),
 ])
 def test_the_role_grants_what_the_backend_calls_and_nothing_more(backend, class_name, kustomization):
-    from pipeline.config import RolloutConfig
+    from settings.config import RolloutConfig
 
     settings = getattr(RolloutConfig(), backend)
     needed = api_calls(class_name) | LEASE

@@ -1,7 +1,7 @@
 """The request logs kept (k8s/serving/overlays/request-logs): every server pod's log proxy writes to the ReadWriteMany
 claim request-logs, defined there once and only referenced by the monitor CronJob and the skew-checked rollout Job
 (overlays/request-logs/rollout-job), which mount it read-only where they read serving.request_log.directory; the
-rollout Job sets what `mlops rollout` needs to start a skew check (serving/rollout/skew.py SkewCheck.ready: logging
+rollout Job sets what `mlops rollout` needs to start a skew check (rollout/skew.py SkewCheck.ready: logging
 enabled, the servers' log folder). Nothing else changes: the pods' security settings, the NetworkPolicies and the
 rest of the rollout Job are those of the overlay and the Job it starts from."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import functools
 import posixpath
 
 from pipeline.cli import build_parser
-from pipeline.config import load_config
-from serving.rollout.factory import skew_check
+from rollout.factory import skew_check
+from settings.config import load_config
 from tests.k8s.render import render
 from tests.k8s.test_log_proxy_sidecar import containers, of_kind, proxy_arguments, quantity_bytes
 

@@ -13,7 +13,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import artifacts
 from components.publisher.publish import TrainingData, publish_model
-from pipeline.config import PipelineConfig
+from settings.config import PipelineConfig
 from tests.conftest import small_config, small_overrides
 from tests.monitoring.request_logs import feature_types
 from tests.serving.conftest import save_tiny_model

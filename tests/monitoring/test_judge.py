@@ -10,7 +10,7 @@ import tensorflow_data_validation as tfdv
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2
 
 from monitoring import judge as gate
-from pipeline.config import DEFAULT_CONFIG, MonitoringConfig, MonitoringFeatureConfig, load_config
+from settings.config import DEFAULT_CONFIG, MonitoringConfig, MonitoringFeatureConfig, load_config
 from tests.monitoring.request_logs import csv_rows, feature_types, statistics_of
 
 SCHEMA = tfdv.load_schema_text(str(DEFAULT_CONFIG.parent / "taxi_schema.pbtxt"))

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from components.publisher.publish import publish_model
 from monitoring.monitor import EXIT_CROSSED, MonitorError, Window, monitor, window_from_arguments
 from pipeline import cli
-from pipeline.config import load_config
+from settings.config import load_config
 from tests.browser import render
 from tests.conftest import as_cli_flags
 from tests.monitoring.conftest import MODEL

@@ -17,9 +17,9 @@ from monitoring.monitor import EXIT_CROSSED, Window, monitor
 from monitoring.page import report_link
 from monitoring.retrain import EXIT_RETRAIN_FAILED, retrain
 from pipeline import cli
-from pipeline.config import ConfigError, load_config
 from pipeline.runner import PipelineError, run_report_dir
 from pipeline.summary import RunSummary, write_report
+from settings.config import ConfigError, load_config
 from tests.browser import render
 from tests.conftest import as_cli_flags
 from tests.monitoring.conftest import MODEL

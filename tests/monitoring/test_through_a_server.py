@@ -5,10 +5,10 @@ payment_type in the second, against the training data of the real pipeline run t
 from __future__ import annotations
 
 from monitoring.monitor import Window, monitor
-from pipeline.config import RequestLogConfig, load_config
 from serving.client import GrpcClient, RestClient
 from serving.model_repository import ModelRepository
 from serving.request_log import RequestLogger
+from settings.config import RequestLogConfig, load_config
 from tests.monitoring.conftest import MODEL
 from tests.monitoring.test_monitor import shifted
 from tests.serving.conftest import start_server

@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.taxi_data import read_sample, write_synthetic
 from pipeline.beam import beam_pipeline_args
-from pipeline.config import ConfigError, load_config
 from pipeline.data import count_csv_rows
+from settings.config import ConfigError, load_config
 
 SETUP = "/app/setup.py"
 

@@ -11,9 +11,9 @@ from tensorflow_model_analysis.evaluators import metrics_validator
 from tensorflow_model_analysis.metrics import metric_specs
 from tensorflow_model_analysis.utils import config_util
 
-from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.pipeline import eval_config, not_blessed_message
 from pipeline.summary import RunSummary, validation_failures
+from settings.config import DEFAULT_CONFIG, load_config
 
 STEP = 1e-4
 LABEL_STD = 77.0

@@ -25,7 +25,8 @@ from pipeline.bootstrap import (
     read_as_markers,
     regression_tolerances,
 )
-from pipeline.config import (
+from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
+from settings.config import (
     TOLERANCE_KEYS,
     ConfigError,
     MonitoringConfig,
@@ -33,7 +34,6 @@ from pipeline.config import (
     load_config,
     tolerance_note,
 )
-from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 
 HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
 

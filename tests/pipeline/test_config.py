@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from settings.config import ConfigError, load_config
 
 
 def test_default_config_is_the_taxi_job():

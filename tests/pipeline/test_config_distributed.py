@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from settings.config import ConfigError, load_config
 
 
 def test_defaults_are_one_local_worker():

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, PipelineConfig, load_config
+from settings.config import DEFAULT_CONFIG, ConfigError, PipelineConfig, load_config
 
 
 def refusal(*overrides):

@@ -9,7 +9,7 @@ BUILD = """
 import sys
 import components
 from tfx.orchestration.local.local_dag_runner import LocalDagRunner
-from pipeline.config import load_config
+from settings.config import load_config
 from pipeline.pipeline import create_pipeline
 
 for baseline in ("previous_blessed", "latest_blessed"):

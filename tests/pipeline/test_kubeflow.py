@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from pipeline import cli
-from pipeline.config import load_config
 from pipeline.kubeflow import IMAGE_PROJECT_ROOT, KubeflowError, compile_pipeline, embedded_sample_in_image, submit
 from pipeline.pipeline import create_pipeline
+from settings.config import load_config
 from tests.fake_kfp import FakeKfpServer
 
 IMAGE = "registry.example/tfx-mlops:1.0"

@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from pipeline import cli
-from pipeline.config import load_config
 from pipeline.data import DataError, check_csv_folder
 from pipeline.preflight import check_config
+from settings.config import load_config
 
 CSV = ("distance,count,city,note,tipped\n"
        "1.5,3,Paris,a,yes\n"

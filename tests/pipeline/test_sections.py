@@ -14,7 +14,8 @@ from components.specs import (
     TRAINING_KEY,
     TUNER_KEY,
 )
-from pipeline.config import (
+from pipeline.pipeline import create_pipeline
+from settings.config import (
     ConfigError,
     ExportConfig,
     OptimizeConfig,
@@ -23,7 +24,6 @@ from pipeline.config import (
     load_config,
     read_section,
 )
-from pipeline.pipeline import create_pipeline
 
 CONFIGS = Path(__file__).resolve().parents[2] / "pipeline" / "configs"
 

@@ -66,9 +66,9 @@ def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path)
 
     from components import artifacts
     from components.model import write_training_history
-    from pipeline.config import TrainingConfig
     from pipeline.report_page import run_page
     from pipeline.summary import RunSummary, _read_model_reports
+    from settings.config import TrainingConfig
 
     history = tf.keras.callbacks.History()
     # Resumed from the backup of epoch 2 (index 1): Keras logs epochs 3 and 4 only.
@@ -165,9 +165,9 @@ def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():
 def test_a_first_version_published_as_stable_is_not_sent_to_a_rollout(tmp_path):
     import io
 
-    from pipeline.config import PipelineConfig
     from pipeline.runner import _labels_on, _print_summary
     from pipeline.summary import RunSummary
+    from settings.config import PipelineConfig
 
     config = PipelineConfig(output_root=str(tmp_path), model_name="m")
     assert _labels_on(config, 1) == [], "no repository yet"

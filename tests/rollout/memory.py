@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from serving.rollout.backends import Backend, BackendError, Endpoint, ServerView
-from serving.rollout.metrics import MetricsSource, ModelCounters, Snapshot
-from serving.rollout.state import LocalStateStore
+from rollout.backends import Backend, BackendError, Endpoint, ServerView
+from rollout.metrics import MetricsSource, ModelCounters, Snapshot
+from rollout.state import LocalStateStore
 
 MODEL = "tiny"
 ENDPOINTS = {"stable": [Endpoint("http://stable", "stable:1")], "canary": [Endpoint("http://canary", "canary:1")]}
@@ -106,7 +106,7 @@ class MemoryBackend(Backend):
 
 
 class OneVersionBackend(MemoryBackend):
-    """A track serves one version and answers no label, as KubeDLBackend (serving/rollout/kube.py) does: the highest
+    """A track serves one version and answers no label, as KubeDLBackend (rollout/kube.py) does: the highest
     version its config names."""
 
     name = "one-version"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import load_config
-from serving.rollout.backends import BackendError, Endpoint
-from serving.rollout.factory import build_backend, build_controller
+from rollout.backends import BackendError, Endpoint
+from rollout.factory import build_backend, build_controller
+from settings.config import load_config
 from tests.rollout.clusters import NAMESPACE, ONE_STEP_PROMOTION, KubeDLCluster, rollout_killed_after_every_write
 
 IDLE = [("taxi-v1-serve", 100), ("taxi-v1-serve", 0)]

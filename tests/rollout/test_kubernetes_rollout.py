@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import load_config
-from serving.rollout.factory import build_controller
-from serving.rollout.state import StateConflictError
+from rollout.factory import build_controller
+from rollout.state import StateConflictError
+from settings.config import load_config
 from tests.rollout.clusters import (
     CONFIG_MAPS,
     ONE_STEP_PROMOTION,
@@ -123,8 +123,8 @@ def test_a_rollback_right_after_promotion_moves_the_stable_label_back_to_the_loa
 
 
 def test_the_kubernetes_backend_refuses_to_verify_without_prometheus():
-    from serving.rollout.backends import BackendError
-    from serving.rollout.factory import build_backend
+    from rollout.backends import BackendError
+    from rollout.factory import build_backend
 
     with pytest.raises(BackendError, match="rollout.backend kubernetes reads its verification windows from "
                                            "Prometheus: set rollout.prometheus.url"):

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from pipeline.config import load_config
+from rollout.backends import LocalBackend
+from rollout.factory import build_backend, build_controller
 from serving.model_repository import ModelRepository
-from serving.rollout.backends import LocalBackend
-from serving.rollout.factory import build_backend, build_controller
+from settings.config import load_config
 from tests.rollout.conftest import MODEL, REPO_ROOT, overrides
 
 pytestmark = pytest.mark.timeout(600)

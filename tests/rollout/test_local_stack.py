@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from pipeline.config import load_config
+from rollout import local_stack
+from rollout.factory import build_backend, build_controller
+from rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
+from rollout.prometheus import PrometheusError, PrometheusSource
+from rollout.report import traffic_of, write_report
 from serving.model_repository import ModelRepository
-from serving.rollout import local_stack
-from serving.rollout.factory import build_backend, build_controller
-from serving.rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
-from serving.rollout.prometheus import PrometheusError, PrometheusSource
-from serving.rollout.report import traffic_of, write_report
+from settings.config import load_config
 from tests.browser import render
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, ROW, answering_version
 from tests.serving.conftest import TinyTaxiModel, _signature_spec

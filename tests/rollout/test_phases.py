@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.rollout.backends import BackendError, ServerView
-from serving.rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
-from serving.rollout.state import ControllerBusyError, Holding, StateConflictError
+from rollout.backends import BackendError, ServerView
+from rollout.controller import ROLLBACK_PHASES, Controller, RolloutError
+from rollout.state import ControllerBusyError, Holding, StateConflictError
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, OneVersionBackend, ScriptedVerifier, Stop
 
 BEFORE = {"stable": {"versions": [1], "labels": {"stable": 1}}, "canary": {"versions": [1], "labels": {"canary": 1}},
@@ -28,7 +28,7 @@ CLOCK = [0.0]
 
 @pytest.fixture(autouse=True)
 def fake_clock(monkeypatch):
-    from serving.rollout import controller
+    from rollout import controller
 
     CLOCK[0] = 1_800_000_000.0
     monkeypatch.setattr(controller, "_now", lambda: CLOCK[0])
@@ -830,7 +830,7 @@ def test_a_paused_rollout_says_how_to_go_on(tmp_path):
 
 
 def test_what_is_served_is_described_with_every_label_or_none():
-    from serving.rollout.controller import describe_served
+    from rollout.controller import describe_served
 
     served = {"stable": {"versions": [1, 2], "labels": {"stable": 1, "canary": 2}},
               "canary": {"versions": [3], "labels": {}}, "canary_weight": 5}

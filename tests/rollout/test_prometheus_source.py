@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from serving.rollout import local_stack
-from serving.rollout.metrics import model_counters, parse_prometheus_text
-from serving.rollout.prometheus import PrometheusError, PrometheusSource
+from rollout import local_stack
+from rollout.metrics import model_counters, parse_prometheus_text
+from rollout.prometheus import PrometheusError, PrometheusSource
 from tests.rollout.clusters import SCRAPE_S, PodExporter
 from tests.rollout.conftest import MODEL
 from tests.rollout.fake_pods import prometheus_text

@@ -1,4 +1,4 @@
-"""The rollout's skew check (serving/rollout/skew.py): the candidate's requests, written by the real request logger
+"""The rollout's skew check (rollout/skew.py): the candidate's requests, written by the real request logger
 (serving/request_log.py), judged against the candidate's own training statistics before each step. Taxi rows as in
 tests/monitoring/test_judge.py: traffic drawn like training passes and is promoted; fare x 3 and an unseen
 payment_type roll back naming exactly those two, in the state and the report; too few requests are inconclusive;
@@ -17,7 +17,11 @@ import tensorflow_data_validation as tfdv
 from tensorflow_serving.apis import prediction_log_pb2
 
 from monitoring import judge as gate
-from pipeline.config import (
+from rollout.controller import Controller, RolloutError
+from rollout.factory import build_controller
+from rollout.skew import SkewCheck, describe_feature, judge_skew
+from serving.request_log import RequestLogger, predict_messages_from_arrays
+from settings.config import (
     DEFAULT_CONFIG,
     ConfigError,
     MonitoringConfig,
@@ -25,10 +29,6 @@ from pipeline.config import (
     RequestLogConfig,
     load_config,
 )
-from serving.request_log import RequestLogger, predict_messages_from_arrays
-from serving.rollout.controller import Controller, RolloutError
-from serving.rollout.factory import build_controller
-from serving.rollout.skew import SkewCheck, describe_feature, judge_skew
 from tests.monitoring.request_logs import (
     csv_rows,
     encode,
@@ -48,7 +48,7 @@ CLOCK = [1_800_000_000.0]
 
 @pytest.fixture(autouse=True)
 def fake_clock(monkeypatch):
-    from serving.rollout import controller
+    from rollout import controller
 
     CLOCK[0] = 1_800_000_000.0
     monkeypatch.setattr(controller, "_now", lambda: CLOCK[0])

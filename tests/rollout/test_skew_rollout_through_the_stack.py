@@ -11,11 +11,11 @@ import time
 import pytest
 
 from components.publisher.publish import publish_model
-from pipeline.config import load_config
+from rollout import local_stack
+from rollout.factory import build_backend, build_controller
 from serving.client import RestClient
 from serving.model_repository import ModelRepository
-from serving.rollout import local_stack
-from serving.rollout.factory import build_backend, build_controller
+from settings.config import load_config
 from tests.monitoring.conftest import MODEL, taxi_run  # noqa: F401 - the fixture: a real run's training data
 from tests.monitoring.test_monitor import shifted
 from tests.rollout.conftest import BIAS, GOLDEN_CSV

@@ -11,10 +11,10 @@ import time
 import pytest
 from kubernetes import client
 
-from serving.rollout import kube
-from serving.rollout.backends import BackendError
-from serving.rollout.kube import CONFLICT_RETRIES, ConfigMapStateStore, Lease, _parse_time, api_client
-from serving.rollout.state import ControllerBusyError, LocalStateStore, StateConflictError
+from rollout import kube
+from rollout.backends import BackendError
+from rollout.kube import CONFLICT_RETRIES, ConfigMapStateStore, Lease, _parse_time, api_client
+from rollout.state import ControllerBusyError, LocalStateStore, StateConflictError
 from tests.rollout.fake_apiserver import FakeApiServer
 
 NAMESPACE = "mlops-test"

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
+from rollout.backends import Endpoint
+from rollout.metrics import MetricsError, Snapshot, window_figures
+from rollout.verify import INCONCLUSIVE, MIN_SHARE_REQUESTS, Limits, Verifier, compare_answers, share_check
 from serving.client import ServingError
-from serving.rollout.backends import Endpoint
-from serving.rollout.metrics import MetricsError, Snapshot, window_figures
-from serving.rollout.verify import INCONCLUSIVE, MIN_SHARE_REQUESTS, Limits, Verifier, compare_answers, share_check
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedClient, ScriptedMetrics, counters
 
 ROWS = [{"x": float(i)} for i in range(5)]
@@ -418,7 +418,7 @@ def test_window_figures_add_up_every_server_of_the_track():
 
 
 def test_p99_is_the_upper_bound_of_the_bucket_holding_the_99th_percentile():
-    from serving.rollout.metrics import p99_ms
+    from rollout.metrics import p99_ms
 
     assert p99_ms({}) == 0.0 and p99_ms({1000.0: 0.0, math.inf: 0.0}) == 0.0
     assert p99_ms({1000.0: 1.0, math.inf: 1.0}) == 1.0
@@ -443,7 +443,7 @@ def test_a_window_of_no_server_counts_nothing_and_an_untrusted_one_says_why_with
 
 
 def test_a_counter_that_went_down_anywhere_makes_the_window_untrusted():
-    from serving.rollout.metrics import ModelCounters
+    from rollout.metrics import ModelCounters
 
     before = Snapshot({"canary": {"a": counters(ok=5)}})
     requests_reset = Snapshot({"canary": {"a": ModelCounters({"OK": 3.0}, {1000.0: 5.0, math.inf: 5.0})}})
@@ -454,7 +454,7 @@ def test_a_counter_that_went_down_anywhere_makes_the_window_untrusted():
 
 
 def test_errors_are_every_request_not_ok_and_a_counter_seen_once_at_zero_is_no_change():
-    from serving.rollout.metrics import ModelCounters, _delta
+    from rollout.metrics import ModelCounters, _delta
 
     assert _delta({"INTERNAL": 0.0}, {}) == {"INTERNAL": 0.0}
     before = Snapshot({"canary": {"a": ModelCounters({}, {})}})

@@ -218,7 +218,7 @@ def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, c
 # What `mlops predict` must not import: TensorFlow (the official TF Serving protos would run tensorflow/__init__.py),
 # the pipeline's libraries, and the config loader (predict reads no pipeline config).
 PREDICT_NEVER_IMPORTS = ("tensorflow", "tensorflow_serving.apis", "tf_keras", "keras", "tfx", "apache_beam", "pandas",
-                         "pyarrow", "pipeline.config", "yaml")
+                         "pyarrow", "settings.config", "yaml")
 
 
 def test_mlops_predict_over_either_transport_imports_no_tensorflow(server, repository, tmp_path):

@@ -248,7 +248,7 @@ def test_one_line_per_row_for_each_task_kind():
 
 
 def test_a_canary_compares_every_class_probability():
-    from serving.rollout.verify import compare_answers
+    from rollout.verify import compare_answers
 
     stable = [{"probabilities": [0.9, 0.1], "classes": ["a", "b"], "class": "a"}]
     candidate = [{"probabilities": [0.9, 0.1003], "classes": ["a", "b"], "class": "a"}]

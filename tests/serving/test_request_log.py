@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
-from pipeline.config import ConfigError, RequestLogConfig, load_config
+from rollout.metrics import parse_prometheus_text
 from serving import request_log
 from serving.monitoring import REQUEST_LOG_COUNT
 from serving.request_log import (
@@ -26,7 +26,7 @@ from serving.request_log import (
     open_request_logger,
     read_prediction_logs,
 )
-from serving.rollout.metrics import parse_prometheus_text
+from settings.config import ConfigError, RequestLogConfig, load_config
 from tests.serving.conftest import MODEL, ROW, expected_probability, http_json, start_server
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"

@@ -6,7 +6,7 @@ A feature past its threshold, or data that breaks the training schema, fails the
 candidate trained on data unlike what it now receives is rolled back, whatever its error rate. Fewer logged requests
 than rollout.skew_min_requests, or logs that cannot be read, make it inconclusive: never a pass.
 
-Only user traffic is judged: the verifier's golden requests name the candidate's version (serving/rollout/verify.py)
+Only user traffic is judged: the verifier's golden requests name the candidate's version (rollout/verify.py)
 and are left out, as are requests answered by other versions or before the rollout began. Where a server serves one
 version and answers no label (KubeDL), the verifier's requests cannot be told apart and are judged too.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from monitoring import judge as gate
 from monitoring import logs
-from pipeline.config import MonitoringConfig
+from settings.config import MonitoringConfig
 
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 # Why a logged request is not judged, as the figures count them.

@@ -1,7 +1,7 @@
 """The cluster backends, through the official `kubernetes` client: `kubernetes` (k8s/serving: the tracks' models.config
 ConfigMaps, Gateway API route weights, pods' model status read through the API server's pod proxy, the rollout state
 in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per model version behind the project's Gateway API
-routes). The pods' metrics come from Prometheus (serving/rollout/prometheus.py). Every update carries the
+routes). The pods' metrics come from Prometheus (rollout/prometheus.py). Every update carries the
 resourceVersion it read; a 409 Conflict means someone changed the object meanwhile, so the change is made again on a
 fresh read."""
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from serving.model_repository import parse_model_server_config
-from serving.rollout.backends import Backend, BackendError, Endpoint, ServerView
-from serving.rollout.metrics import MetricsSource
-from serving.rollout.state import (
+from rollout.backends import Backend, BackendError, Endpoint, ServerView
+from rollout.metrics import MetricsSource
+from rollout.state import (
     EMPTY,
     ControllerBusyError,
     Holding,
@@ -31,6 +30,7 @@ from serving.rollout.state import (
     StateStore,
     busy_message,
 )
+from serving.model_repository import parse_model_server_config
 
 CONFIG_KEY = "models.config"
 GATEWAY = ("gateway.networking.k8s.io", "v1")

@@ -6,7 +6,7 @@ A snapshot reads raw samples, not rates: a range selector `metric[d]` answers a 
 last `d` with its timestamp, and the latest one of each series is the counter as the server reported it, so the
 difference of two snapshots is exactly what the servers counted in between. `up`, which Prometheus writes for every
 scrape of every target (1: scraped, 0: failed), names the servers each track should have and whether their last
-scrape worked. The same PromQL serves the local stack (serving/rollout/local_stack.py) and Kubernetes: the track is
+scrape worked. The same PromQL serves the local stack (rollout/local_stack.py) and Kubernetes: the track is
 a target label (`rollout.prometheus.track_label`), further matchers come from `rollout.prometheus.selector`."""
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from serving.rollout.backends import TRACKS, BackendError
-from serving.rollout.metrics import (
+from rollout.backends import TRACKS, BackendError
+from rollout.metrics import (
     PREDICTION_APIS,
     REQUEST_COUNT,
     REQUEST_LATENCY_BUCKET,

@@ -150,7 +150,7 @@ class MetricsError(RuntimeError):
 
 class MetricsSource(ABC):
     """Where a verification window's figures come from: the servers' own TF Serving metrics, as a monitoring system
-    scraped them (serving/rollout/prometheus.py). The same PromQL serves the local stack and Kubernetes."""
+    scraped them (rollout/prometheus.py). The same PromQL serves the local stack and Kubernetes."""
 
     name = "metrics"
 

@@ -24,11 +24,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from serving.rollout.backends import Backend, BackendError
-from serving.rollout.report import report_paths, write_report
-from serving.rollout.skew import SkewCheck, SkewCheckError, describe_feature
-from serving.rollout.state import Holding, StateConflictError
-from serving.rollout.verify import Verifier
+from rollout.backends import Backend, BackendError
+from rollout.report import report_paths, write_report
+from rollout.skew import SkewCheck, SkewCheckError, describe_feature
+from rollout.state import Holding, StateConflictError
+from rollout.verify import Verifier
 
 STABLE, CANARY = "stable", "canary"
 ROLLBACK_PHASES = ("rollback_route", "rollback_canary_load", "rollback_canary_label", "revert_label", "revert_unload")
@@ -72,7 +72,7 @@ class Controller:
         self.poll_s = poll_s
         self.log = log
         self.sleep = sleep
-        # Each finished rollout lands there as <model>-v<candidate>-<id>.json and .html (serving/rollout/report.py);
+        # Each finished rollout lands there as <model>-v<candidate>-<id>.json and .html (rollout/report.py);
         # any folder or URI tf.io.gfile serves.
         self.report_dir = str(report_dir) if report_dir is not None else None
         self.limits = limits

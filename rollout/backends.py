@@ -1,6 +1,6 @@
 """What the controller acts on: server tracks (stable and canary), each with its model config, its servers' view of
 each version, and the traffic weight between them. `local` is `mlops serve` processes on this machine reading the
-repository's models.config and models.canary.config; the cluster backends are in serving/rollout/kube.py."""
+repository's models.config and models.canary.config; the cluster backends are in rollout/kube.py."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollout.metrics import MetricsSource
+from rollout.state import LocalStateStore, StateStore
 from serving.model_repository import ModelRepository, RepositoryError
-from serving.rollout.metrics import MetricsSource
-from serving.rollout.state import LocalStateStore, StateStore
 
 TRACKS = ("stable", "canary")
 
@@ -88,7 +88,7 @@ class Backend(ABC):
 
 class LocalBackend(Backend):
     """`mlops serve --model-config <repo>/models.config` (stable) and `--model-config <repo>/models.canary.config`
-    (canary) processes. With the local stack (`mlops deploy local`, serving/rollout/local_stack.py) the weight is
+    (canary) processes. With the local stack (`mlops deploy local`, rollout/local_stack.py) the weight is
     HAProxy's, set and read back through its admin socket, and `metrics` is its Prometheus; without it the weight is
     only recorded (<repo>/.rollouts/<model>-routes.json) and the verifier's own requests are what a window measures.
     The recorded weight is kept in both cases: a stack started later begins with it."""
@@ -102,7 +102,7 @@ class LocalBackend(Backend):
         self.model = model
         self.timeout_s = timeout_s
         self.routes_path = self.base_dir / ".rollouts" / f"{model}-routes.json"
-        # A serving.rollout.local_stack.Router, or None where no router runs.
+        # A rollout.local_stack.Router, or None where no router runs.
         self.router = router
 
     def _repository(self, track: str) -> ModelRepository:

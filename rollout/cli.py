@@ -73,8 +73,8 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
 
 
 def versions_command(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
     from serving.model_repository import RepositoryError
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     try:
@@ -101,8 +101,8 @@ def versions_command(args: argparse.Namespace) -> int:
 
 
 def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
-    from serving.rollout.controller import describe_figures
-    from serving.rollout.report import report_paths
+    from rollout.controller import describe_figures
+    from rollout.report import report_paths
 
     current = document.get("current")
     if current is None:
@@ -129,13 +129,13 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
 
 
 def rollout_command(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
+    from rollout.backends import BackendError
+    from rollout.controller import RolloutError
+    from rollout.factory import build_controller
+    from rollout.state import ControllerBusyError, StateConflictError
+    from rollout.verify import GoldenDataError
     from serving.model_repository import RepositoryError
-    from serving.rollout.backends import BackendError
-    from serving.rollout.controller import RolloutError
-    from serving.rollout.factory import build_controller
-    from serving.rollout.state import ControllerBusyError, StateConflictError
-    from serving.rollout.verify import GoldenDataError
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     try:

@@ -1,5 +1,5 @@
 """`mlops deploy local [--stop | --status]`: the stable and canary servers, HAProxy and Prometheus on this machine
-(serving/rollout/local_stack.py)."""
+(rollout/local_stack.py)."""
 from __future__ import annotations
 
 import argparse
@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction,
 
 
 def deploy_command(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
-    from serving.rollout import local_stack
+    from rollout import local_stack
+    from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
     settings = config.rollout.local

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "taxi.yaml"
+DEFAULT_CONFIG = Path(__file__).parent.parent / "pipeline" / "configs" / "taxi.yaml"
 
 
 class ConfigError(ValueError):
@@ -364,7 +364,7 @@ class RolloutLocalConfig:
     stable_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8500"])
     canary_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8511"])
     canary_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8510"])
-    # `mlops deploy local` (serving/rollout/local_stack.py): while it runs, its servers, router and Prometheus replace
+    # `mlops deploy local` (rollout/local_stack.py): while it runs, its servers, router and Prometheus replace
     # the endpoints above. Its state folder (empty: <serving>/.stack), its `mlops serve` processes per track, and the
     # ports of the router's REST and gRPC frontends and of Prometheus (0: any free one).
     stack_dir: str = ""
@@ -436,7 +436,7 @@ class RolloutKubeDLConfig:
 @dataclass
 class RolloutPrometheusConfig:
     """The Prometheus whose HTTP API the verifier queries for the servers' own TF Serving metrics, per track
-    (serving/rollout/prometheus.py); the scrape configuration that feeds it ships with k8s/serving and the local
+    (rollout/prometheus.py); the scrape configuration that feeds it ships with k8s/serving and the local
     stack."""
     # Empty: none (the local backend without the local stack then measures the verifier's own requests).
     url: str = ""
@@ -451,7 +451,7 @@ class RolloutPrometheusConfig:
 
 @dataclass
 class RolloutConfig:
-    """`mlops rollout`: how a candidate version is verified and moved through traffic steps (serving/rollout)."""
+    """`mlops rollout`: how a candidate version is verified and moved through traffic steps (rollout)."""
     # local: `mlops serve` processes on this machine; kubernetes: k8s/serving; kubedl: k8s/kubedl.
     backend: Literal["local", "kubernetes", "kubedl"] = "local"
     # Percent of traffic on the canary after each verified step; the last must be 100, then the candidate is promoted.
@@ -479,7 +479,7 @@ class RolloutConfig:
     on_inconclusive: Literal["rollback", "pause"] = "rollback"
     share_tolerance_sigmas: float = 4.0
     # Before each step, the candidate's own logged requests since the rollout began judged for skew against its
-    # training statistics at the monitoring section's thresholds (serving/rollout/skew.py): a candidate trained on data
+    # training statistics at the monitoring section's thresholds (rollout/skew.py): a candidate trained on data
     # unlike what it now receives is rolled back, whatever its error rate. Needs serving.request_log on the canary.
     skew_check: bool = False
     # Fewer logged candidate requests than this leave the skew check inconclusive, never passed: a small sample's

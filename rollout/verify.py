@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.rollout.backends import Backend, Endpoint
-from serving.rollout.metrics import MetricsError, Snapshot, window_figures
+from rollout.backends import Backend, Endpoint
+from rollout.metrics import MetricsError, Snapshot, window_figures
 
 
 class GoldenDataError(ValueError):

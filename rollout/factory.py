@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.rollout.backends import Backend, BackendError, Endpoint, LocalBackend
-from serving.rollout.controller import Controller
-from serving.rollout.local_stack import running_stack
-from serving.rollout.prometheus import PrometheusSource, source_for
-from serving.rollout.skew import SkewCheck
-from serving.rollout.verify import Limits, Verifier, load_golden_rows
+from rollout.backends import Backend, BackendError, Endpoint, LocalBackend
+from rollout.controller import Controller
+from rollout.local_stack import running_stack
+from rollout.prometheus import PrometheusSource, source_for
+from rollout.skew import SkewCheck
+from rollout.verify import Limits, Verifier, load_golden_rows
 
 
 def _endpoints(section) -> dict[str, list[Endpoint]]:
@@ -35,7 +35,7 @@ def build_backend(config) -> Backend:
                                               rollout.prometheus.request_timeout_seconds)
         return LocalBackend(config.serving_base_dir, config.model_name, stack.endpoints(),
                             rollout.request_timeout_seconds, router=stack.router(), metrics=metrics)
-    from serving.rollout import kube
+    from rollout import kube
 
     if rollout.backend == "kubernetes":
         if metrics is None:

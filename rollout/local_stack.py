@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rollout.backends import TRACKS, BackendError, Endpoint
 from serving.monitoring import METRICS_PATH
-from serving.rollout.backends import TRACKS, BackendError, Endpoint
 
 STACK_FILE = "stack.json"
 BACKENDS = ("rest", "grpc")
@@ -328,7 +328,7 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
                              "version first (`mlops run`).")
     stack_dir.mkdir(parents=True, exist_ok=True)
     if canary_percent is None:
-        from serving.rollout.backends import LocalBackend
+        from rollout.backends import LocalBackend
 
         canary_percent = LocalBackend(base, model, {}).recorded_canary_weight()
     started: list[int] = []

@@ -33,6 +33,7 @@ WORKDIR /app
 COPY --from=javascript /build/node_modules components/exporter/node/node_modules
 COPY setup.py README.md ./
 COPY settings settings
+COPY reports reports
 COPY pipeline pipeline
 COPY components components
 COPY serving serving

@@ -64,7 +64,7 @@ def process_kind(process: psutil.Process, root_pid: int) -> str:
     if "components.distributed" in command:
         return "training worker"
     if "multiprocessing.spawn" in command and process.ppid() == root_pid:
-        return "stage worker"  # pipeline/stage_workers.py
+        return "stage worker"  # pipeline/local/stage_workers.py
     if Path(command.split(" ")[0]).name.startswith("node"):
         return "node"
     return "python" if "python" in command else "other"

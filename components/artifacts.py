@@ -14,6 +14,11 @@ from typing import Any
 
 import tensorflow as tf
 
+# The file names other packages read too, under the names components know them by.
+from settings.files import EXPORT_REPORT_HTML as EXPORT_REPORT_HTML
+from settings.files import EXPORT_REPORT_JSON as EXPORT_REPORT_JSON
+from settings.files import SCHEMA_FILE as SCHEMA_FILE
+
 # A Model artifact (Trainer, Optimizer, Exporter): the SavedModel TF Serving loads, in TFX's folder ...
 SERVING_MODEL_DIR = "Format-Serving"
 # ... and beside it the bare Keras model over transformed features, which the Optimizer fine-tunes and the Exporter
@@ -26,8 +31,6 @@ TRAINING_HISTORY_JSON = "training_history.json"
 # The calibration step's figures and chosen decision threshold, at the root of the Model artifact it writes.
 CALIBRATION_REPORT_JSON = "calibration.json"
 # The Exporter's Model artifact: every format inside Format-Serving (the Pusher copies that folder to a version) ...
-EXPORT_REPORT_JSON = "export_report.json"
-EXPORT_REPORT_HTML = "export_report.html"
 FORMAT_DIRS = {"tflite": "tflite", "onnx": "onnx", "tfjs": "tfjs"}
 # Examples, statistics and anomalies keep one folder per split.
 SPLIT_PREFIX = "Split-"
@@ -39,7 +42,6 @@ SCHEMA_DIFF_FILE = "SchemaDiff.pb"
 STATISTICS_FILE = "FeatureStats.pb"
 # At the root of ExampleGen's Examples: how many rows it left out for a missing label (components/example_gen).
 MISSING_LABEL_FILE = "missing_label_rows.json"
-SCHEMA_FILE = "schema.pbtxt"
 # ExampleGen and Transform write gzipped TFRecord files of tf.Examples.
 RECORD_FILE_PATTERN = "*.gz"
 # The curated schema is copied below the pipeline root into a folder named by its content (see pipeline.py).

@@ -14,10 +14,8 @@ from typing import Any
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
-from settings.config import MonitoringConfig
+from settings.config import CATEGORICAL, NUMERIC, MonitoringConfig, feature_kind
 
-CATEGORICAL = "categorical"
-NUMERIC = "numeric"
 MEASURES = {CATEGORICAL: "L-infinity distance", NUMERIC: "Jensen-Shannon divergence"}
 SERVING = "SERVING"
 # Where dataset-wide anomalies (too few examples, ...) are listed among the features.
@@ -33,13 +31,6 @@ _COMPARATOR_REASONS = {
     anomalies_pb2.AnomalyInfo.COMPARATOR_LOW_NUM_EXAMPLES,
     anomalies_pb2.AnomalyInfo.COMPARATOR_HIGH_NUM_EXAMPLES,
 }
-
-
-def feature_kind(feature: schema_pb2.Feature) -> str:
-    """How a schema feature's distributions are compared: categorical for strings, numeric otherwise."""
-    # Integers too, even those the schema marks categorical: StatisticsGen, given no schema, gives them histograms and
-    # no value shares, and TFDV's L-infinity distance between two such statistics is always 0.
-    return CATEGORICAL if feature.type == schema_pb2.BYTES else NUMERIC
 
 
 def threshold(monitoring: MonitoringConfig, name: str, kind: str, comparison: str) -> float:

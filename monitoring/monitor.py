@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
-from components.publisher.publish import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 from monitoring import judge as gate
 from monitoring import logs
 from settings.config import MONITORING_THRESHOLDS, PipelineConfig
+from settings.files import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 
 RECORD_FILE = "monitor.json"
 PAGE_FILE = "monitor.html"

@@ -1,5 +1,5 @@
 """A monitor record (monitor.json) as one self-contained HTML page: which version, which window, how many requests,
-and per feature the training against the serving distribution as inline SVG (pipeline/charts.py), the distances and
+and per feature the training against the serving distribution as inline SVG (reports/charts.py), the distances and
 their thresholds, the anomalies. No script, nothing fetched at view time."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 import urllib.parse
 from typing import Any
 
-from pipeline import charts
+from reports import charts
 
 STYLE = charts.PAGE_STYLE + """
 .verdict{font-size:1.15em}.charts{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}

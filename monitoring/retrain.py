@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from monitoring import logs
 from monitoring.monitor import RECORD_FILE, MonitorResult, rewrite_record
 from settings.config import PipelineConfig
+from settings.files import RUN_REPORT_HTML, RUN_SUMMARY_JSON
 
 if TYPE_CHECKING:
     from pipeline.summary import RunSummary
@@ -153,11 +154,11 @@ def retrain(config: PipelineConfig, result: MonitorResult, run: RunPipeline | No
         raise
     else:
         folder = run_report_dir(config, summary.run_id)
-        report_json = os.path.abspath(os.path.join(folder, "summary.json"))
+        report_json = os.path.abspath(os.path.join(folder, RUN_SUMMARY_JSON))
         # What the record says the run did is read back from the report the run wrote.
         with open(report_json) as f:
             report = json.load(f)
-        entry.update(run_id=report["run_id"], report=os.path.abspath(os.path.join(folder, "summary.html")),
+        entry.update(run_id=report["run_id"], report=os.path.abspath(os.path.join(folder, RUN_REPORT_HTML)),
                      report_json=report_json, log=report.get("log_path") or None, **_outcome(report))
     entry["finished_at"] = logs.utc_text(logs.now_utc())
     rewrite_record(record)

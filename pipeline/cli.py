@@ -72,8 +72,8 @@ def _unraisable_to(log_path: str) -> None:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from pipeline.bootstrap import init_project
     from pipeline.data import DataError
+    from pipeline.init.bootstrap import init_project
     from pipeline.runner import PipelineError
 
     # The command as the user could type it again, for the written files' headers (main may get argv, not sys.argv).

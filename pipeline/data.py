@@ -19,7 +19,7 @@ class DataError(ValueError):
 def resolve_data_dir(path: str, output_root: str = "outputs") -> Path:
     """The configured folder, the Chicago taxi sample that ships inside the tfx wheel when empty, or a dataset
     bundled with scikit-learn (sklearn:iris, sklearn:diabetes) written as a CSV below `output_root`."""
-    from pipeline import datasets
+    from pipeline.init import datasets
 
     if datasets.is_bundled(path):
         try:

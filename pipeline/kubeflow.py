@@ -24,7 +24,7 @@ from typing import Any
 
 from components import artifacts
 from pipeline.data import EMBEDDED_TAXI_DIR
-from pipeline.datasets import is_bundled
+from pipeline.init.datasets import is_bundled
 from settings.config import KubeflowTaskConfig, PipelineConfig, quantity
 
 # The Dockerfile's layout: the repository at WORKDIR, the locked environment in a virtualenv.

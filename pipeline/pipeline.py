@@ -250,7 +250,7 @@ def staged_schema(config: PipelineConfig) -> str:
     ImportSchemaGen's cache keys on the path, so an edited schema must arrive under a new one."""
     content = Path(config.schema_path).read_bytes()
     target = artifacts.join(artifacts.absolute(config.pipeline_root), artifacts.STAGED_SCHEMAS_DIR,
-                            hashlib.sha256(content).hexdigest()[:16], "schema.pbtxt")
+                            hashlib.sha256(content).hexdigest()[:16], artifacts.SCHEMA_FILE)
     if not artifacts.exists(target):
         artifacts.write_bytes(target, content)
     return target
@@ -426,7 +426,7 @@ def create_pipeline(
         # TFX's Evaluator, reading ServingBaseline's empty Model of a first run as no baseline.
         evaluator.executor_spec = executor_spec.BeamExecutorSpec(ServingBaselineEvaluator)
     # Every format, verified against the SavedModel: with the blessing, the gate before publishing. It takes no
-    # blessing, so that it runs beside the Evaluator (pipeline/dag_runner.py; on Kubeflow, in its own pod).
+    # blessing, so that it runs beside the Evaluator (pipeline/local/dag_runner.py; on Kubeflow, in its own pod).
     exporter = Exporter(
         model=optimizer.outputs["optimized_model"],
         transform_graph=transform.outputs["transform_graph"],

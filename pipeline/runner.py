@@ -11,9 +11,9 @@ from typing import TextIO
 
 from pipeline import STARTED
 from pipeline.data import check_csv_folder, resolve_data_dir
+from pipeline.local.progress import StageProgress
+from pipeline.local.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorkers
 from pipeline.preflight import check_config
-from pipeline.progress import StageProgress
-from pipeline.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorkers
 from pipeline.summary import RunSummary, latest_run, write_report
 from settings.config import PipelineConfig
 
@@ -121,11 +121,12 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
 
     progress = None
     try:
-        # The stage workers start first: they import TensorFlow while this process does (pipeline/stage_workers.py).
+        # The stage workers start first: they import TensorFlow while this process does
+        # (pipeline/local/stage_workers.py).
         with _logs_to_file(log_path), StageWorkers(config.parallel_stages - 1) as workers:
             # Importing TensorFlow prints C++ log lines: here they land in the log.
             from components.compat import cache_dofn_specs
-            from pipeline.dag_runner import ConcurrentDagRunner
+            from pipeline.local.dag_runner import ConcurrentDagRunner
             from pipeline.pipeline import GATE_NODE, create_pipeline
 
             cache_dofn_specs()
@@ -294,7 +295,7 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
     else:
         print(f"  blessed       {summary.blessed}", file=out)
     if summary.export:
-        from components.exporter.report import table_lines
+        from reports.model_reports import table_lines
 
         print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
         for line in table_lines(summary.export):

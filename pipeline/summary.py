@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline import metadata
+from settings.files import RUN_REPORT_HTML, RUN_SUMMARY_JSON
 
 
 @dataclass
@@ -24,7 +25,7 @@ class RunSummary:
     # The Optimizer's and the Exporter's reports (components/optimizer, components/exporter), when they ran.
     optimization: dict[str, Any] = field(default_factory=dict)
     export: dict[str, Any] = field(default_factory=dict)
-    # The run report's material (pipeline/report_page.py draws it): plain JSON, so summary.json carries it.
+    # The run report's material (reports/run_page.py draws it): plain JSON, so summary.json carries it.
     task: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
@@ -161,7 +162,7 @@ def feature_summary(dataset: Any) -> dict[str, dict[str, Any]]:
     distribution (histogram counts with their range, or the most frequent values)."""
     from tensorflow_metadata.proto.v0 import statistics_pb2
 
-    from pipeline.statistics_page import present_rows
+    from reports.statistics_page import present_rows
 
     rows = int(dataset.num_examples)
     found = {}
@@ -403,13 +404,13 @@ def _read_model_reports(summary: RunSummary, uri: str) -> None:
 
 def write_report(summary: RunSummary, folder: str) -> tuple[str, str]:
     """summary.json and the run report summary.html in `folder`, and the index of runs in its parent folder."""
-    from pipeline.report_page import run_page, write_index
+    from reports.run_page import run_page, write_index
 
     os.makedirs(folder, exist_ok=True)
-    json_path = os.path.join(folder, "summary.json")
+    json_path = os.path.join(folder, RUN_SUMMARY_JSON)
     with open(json_path, "w") as f:
         f.write(summary.to_json())
-    html_path = os.path.join(folder, "summary.html")
+    html_path = os.path.join(folder, RUN_REPORT_HTML)
     with open(html_path, "w") as f:
         f.write(run_page(asdict(summary)))
     write_index(os.path.dirname(os.path.abspath(folder)))

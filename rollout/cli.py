@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from settings.files import EXPORT_REPORT_JSON
+
 
 def register(subparsers: argparse._SubParsersAction,
              add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -50,7 +52,7 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     for version in repository.versions(model):
         publication = repository.publication(model, version)
         try:
-            export = "passed" if json.loads(repository.read_version_file(model, version, "export_report.json"))[
+            export = "passed" if json.loads(repository.read_version_file(model, version, EXPORT_REPORT_JSON))[
                 "passed"] else "FAILED"
         except (OSError, ValueError, KeyError):
             export = "no report"

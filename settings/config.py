@@ -16,6 +16,9 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+if typing.TYPE_CHECKING:
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
 DEFAULT_CONFIG = Path(__file__).parent.parent / "pipeline" / "configs" / "taxi.yaml"
 
 
@@ -1177,3 +1180,17 @@ def _validate_rollout(rollout: RolloutConfig) -> None:
             local.canary_rest) != len(local.canary_grpc):
         raise ConfigError("rollout.local needs one gRPC target per REST URL, for at least one stable and one canary "
                           "server.")
+
+
+# How `mlops monitor` compares a feature's distributions, and which of its thresholds (monitoring.*) apply.
+CATEGORICAL = "categorical"
+NUMERIC = "numeric"
+
+
+def feature_kind(feature: schema_pb2.Feature) -> str:
+    """How a schema feature's distributions are compared: categorical for strings, numeric otherwise."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    # Integers too, even those the schema marks categorical: StatisticsGen, given no schema, gives them histograms and
+    # no value shares, and TFDV's L-infinity distance between two such statistics is always 0.
+    return CATEGORICAL if feature.type == schema_pb2.BYTES else NUMERIC

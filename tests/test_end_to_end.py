@@ -18,9 +18,9 @@ import tensorflow as tf
 from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.model import apply_hyperparameters
-from components.publisher.publish import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 from pipeline import cli
 from pipeline.runner import run_local
+from settings.files import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 from tests.browser import render
 from tests.conftest import as_cli_flags, small_config, small_overrides
 from tests.pipeline.test_report_page import report_problems
@@ -162,7 +162,7 @@ def test_run_reports_render_in_a_headless_browser(first_and_second_run):
 
 
 def test_the_reports_call_examples_answer_from_the_published_version(first_and_second_run, capsys):
-    from pipeline.report_page import grpc_example, rest_example
+    from reports.run_page import grpc_example, rest_example
     from serving.model_repository import ModelRepository
     from serving.server import ModelServer
 
@@ -250,7 +250,8 @@ def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
         assert f"] {feature}:" in err, f"{feature} should be named among the anomalies"
     assert "full report: " in err
     assert not Path(config.serving_dir).exists(), "nothing may be pushed"
-    # Transform runs beside the validation (pipeline/dag_runner.py) and is abandoned; nothing learns from the data.
+    # Transform runs beside the validation (pipeline/local/dag_runner.py) and is abandoned; nothing learns from the
+    # data.
     assert not Path(config.pipeline_root, "Trainer").exists(), "nothing downstream of the gate may run"
 
 

@@ -28,11 +28,7 @@ from serving.model_repository import (
     file_sha256,
     open_repository,
 )
-
-EXPORT_REPORT_FILE = "export_report.json"
-# A version's training data contract and statistics, relative to its folder (monitoring/ reads them).
-TRAINING_SCHEMA_FILE = "assets.extra/training/schema.pbtxt"
-TRAINING_STATISTICS_FILE = "assets.extra/training/statistics.pb"
+from settings.files import EXPORT_REPORT_JSON, TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 
 
 @dataclass(frozen=True)
@@ -106,7 +102,7 @@ def _file_entry(path: str) -> dict[str, object]:
 def _export_report(source_dir: str) -> dict[str, Any] | None:
     import tensorflow as tf
 
-    path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_FILE)
+    path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_JSON)
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as f:

@@ -271,6 +271,6 @@ def test_the_record_holds_a_reliability_diagram_before_and_after():
     # Over-confident before (each bin right less often than it claims), close to the diagonal after.
     gap = {key: np.mean([c - r for c, r, _ in record["reliability"][key]]) for key in ("before", "after")}
     assert gap["before"] > 0.05 and abs(gap["after"]) < gap["before"]
-    from pipeline.report_page import _calibration
+    from reports.run_page import _calibration
 
     assert "data-chart='reliability'" in _calibration({"calibration": record})

@@ -37,7 +37,7 @@ def routes(request) -> dict[str, list[dict]]:
 def rest_requests() -> list[HttpRequest]:
     """What serving/client.py's RestClient sends (its own path builder), the REST verbs TF Serving has, and the
     report page's curl example."""
-    from pipeline.report_page import rest_example
+    from reports.run_page import rest_example
     from serving.client import RestClient
 
     client = RestClient("http://gateway.example:80")

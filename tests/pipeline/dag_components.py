@@ -1,4 +1,4 @@
-"""Small TFX components for pipeline/dag_runner.py's tests: each records where and when it ran. They live in a
+"""Small TFX components for pipeline/local/dag_runner.py's tests: each records where and when it ran. They live in a
 module of their own because a stage worker process imports them by name."""
 # No `from __future__ import annotations`: TFX reads these annotations as types.
 

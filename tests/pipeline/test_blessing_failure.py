@@ -185,8 +185,8 @@ def test_a_nan_metric_names_no_bound_but_its_likely_cause():
 
 
 def test_the_console_summary_and_the_report_say_why_the_model_was_not_blessed():
-    from pipeline.report_page import _baseline
     from pipeline.runner import _print_summary, blessing_failure
+    from reports.run_page import _baseline
 
     config = example_config("diabetes")
     summary = RunSummary(run_id="r", blessed=False, metrics={"rmse": 60.0},
@@ -226,7 +226,7 @@ def test_regression_rmse_no_better_than_the_mean_names_every_key_of_that_rmse():
 
 
 def test_the_report_shows_the_no_skill_figures_beside_the_models_with_and_without_a_baseline():
-    from pipeline.report_page import _baseline
+    from reports.run_page import _baseline
 
     summary = {"blessed": False, "metrics": {"auc": 0.81, "binary_accuracy": 0.75, "log_loss": 0.52},
                "task": {"kind": "binary"},

@@ -12,7 +12,8 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline import cli
-from pipeline.bootstrap import (
+from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
+from pipeline.init.bootstrap import (
     _percent,
     blessing_bound,
     datetime_format,
@@ -25,7 +26,6 @@ from pipeline.bootstrap import (
     read_as_markers,
     regression_tolerances,
 )
-from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 from settings.config import (
     TOLERANCE_KEYS,
     ConfigError,

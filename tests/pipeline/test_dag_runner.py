@@ -1,4 +1,5 @@
-"""pipeline/dag_runner.py: independent stages at once in two processes, TFX's records, and which failure is raised."""
+"""pipeline/local/dag_runner.py: independent stages at once in two processes, TFX's records, and which failure is
+raised."""
 import json
 import os
 
@@ -8,8 +9,9 @@ from ml_metadata.proto import metadata_store_pb2
 from tfx.orchestration.metadata import sqlite_metadata_connection_config
 from tfx.orchestration.pipeline import Pipeline
 
-from pipeline.dag_runner import ConcurrentDagRunner, _lock_path
-from pipeline.stage_workers import StageWorkers
+from pipeline.local.dag_runner import ConcurrentDagRunner
+from pipeline.local.node_launch import lock_path
+from pipeline.local.stage_workers import StageWorkers
 from tests.pipeline.dag_components import GateError, Source, Step
 
 
@@ -76,9 +78,9 @@ def test_only_an_sqlite_file_is_shared_with_workers():
     sqlite.sqlite.filename_uri = "/runs/metadata.sqlite"
     in_memory = metadata_store_pb2.ConnectionConfig()
     in_memory.fake_database.SetInParent()
-    assert _lock_path(sqlite) == "/runs/metadata.sqlite.lock"
-    assert _lock_path(in_memory) is None
-    assert _lock_path(None) is None
+    assert lock_path(sqlite) == "/runs/metadata.sqlite.lock"
+    assert lock_path(in_memory) is None
+    assert lock_path(None) is None
 
 
 def test_a_failed_gate_ends_the_run_at_once(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline import metadata
-from pipeline.progress import StageProgress
+from pipeline.local.progress import StageProgress
 from tests.mlmd_records import Execution, Recorder
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report_page import SECTIONS, confusion_at, grpc_example, index_page, rest_example, roc_and_pr, run_page
+from reports.run_page import SECTIONS, confusion_at, grpc_example, index_page, rest_example, roc_and_pr, run_page
 from tests.browser import render
 
 # The charts each kind's page must draw (the export's is a PNG image with data-chart="export").
@@ -208,7 +208,7 @@ def test_index_lists_runs_with_their_figures_and_links(tmp_path):
 
 
 def test_write_index_reads_every_runs_summary(tmp_path):
-    from pipeline.report_page import write_index
+    from reports.run_page import write_index
 
     for name in ("2026-01", "2026-02"):
         (tmp_path / name).mkdir()

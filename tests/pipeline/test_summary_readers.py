@@ -45,8 +45,8 @@ def test_drift_measures_mean_shift_and_top_value_distance():
 
 def test_a_model_artifacts_calibration_json_sets_the_reports_threshold(tmp_path):
     from components import artifacts
-    from pipeline.report_page import run_page
     from pipeline.summary import RunSummary, _read_model_reports
+    from reports.run_page import run_page
     from tests.pipeline.test_report_page import CALIBRATION, thresholds
 
     trainer, calibrated = tmp_path / "Trainer" / "1", tmp_path / "Calibrator" / "2"
@@ -66,8 +66,8 @@ def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path)
 
     from components import artifacts
     from components.model import write_training_history
-    from pipeline.report_page import run_page
     from pipeline.summary import RunSummary, _read_model_reports
+    from reports.run_page import run_page
     from settings.config import TrainingConfig
 
     history = tf.keras.callbacks.History()
@@ -89,9 +89,9 @@ def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report
     import dataclasses
     import io
 
-    from pipeline.report_page import _data
     from pipeline.runner import _print_summary
     from pipeline.summary import RunSummary
+    from reports.run_page import _data
 
     summary = RunSummary(run_id="r", data={"rows": {"train": 8, "eval": 2}, "features": {},
                                            "missing_label_rows": 2})
@@ -148,14 +148,14 @@ def test_a_calibration_that_was_not_applied_says_so_on_the_console():
     out = io.StringIO()
     _print_summary(summary, "s.json", "s.html", out)
     assert f"  calibrated    not applied: {note}\n" in out.getvalue()
-    from pipeline.report_page import _calibration
+    from reports.run_page import _calibration
 
     assert f"Not applied: {note}; both columns are the model as trained." in _calibration(
         {"calibration": summary.calibration})
 
 
 def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():
-    from pipeline.report_page import _baseline
+    from reports.run_page import _baseline
 
     cached = _baseline({"blessed": True, "cached_stages": ["Evaluator"]}, "auc")
     assert "served from the cache: this is the verdict and the comparison of the earlier run" in cached

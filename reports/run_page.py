@@ -1,12 +1,11 @@
 """The run report (outputs/runs/<run>/summary.html) and the index of runs (outputs/runs/index.html).
 
 `run_page` draws a RunSummary as a dict (what summary.json holds) into one self-contained page: inline SVG charts
-(pipeline/charts.py) and the Exporter's PNG as a data URI, no script, nothing fetched at view time. Every section is a
+(reports/charts.py) and the Exporter's PNG as a data URI, no script, nothing fetched at view time. Every section is a
 `<section id=...>`; a section whose material the run did not produce says why instead of disappearing.
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -14,7 +13,10 @@ import shlex
 from typing import Any
 from urllib.parse import quote
 
-from pipeline import charts
+from reports import charts
+from reports.html_parts import captioned, esc, num, tabulate, whole
+from reports.model_reports import chart_png, optimization_html, table_html
+from settings.files import RUN_SUMMARY_JSON, RUNS_INDEX_HTML
 
 SECTIONS = ("timeline", "data", "training", "evaluation", "calibration", "optimization", "export", "serving")
 # Slices with fewer eval rows than this are drawn in another colour and called out: their figures are noise.
@@ -32,33 +34,6 @@ img{max-width:100%}
 TITLES = {"timeline": "Stages", "data": "Data", "training": "Training", "evaluation": "Evaluation",
           "calibration": "Calibration and threshold", "optimization": "Optimization", "export": "Export",
           "serving": "Published version and how to call it"}
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any, digits: int = 4) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return _e(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:.{digits}f}" if math.isfinite(value) else "n/a"
-
-
-def _count(value: Any) -> str:
-    return f"{value:,.0f}" if isinstance(value, (int, float)) and math.isfinite(value) else ""
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    """A table of already escaped cells."""
-    head_row = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" if any(head) else ""
-    return ("<table>" + head_row
-            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
-
-
-def _figure(chart: str, caption: str) -> str:
-    return f"<figure>{chart}<figcaption>{_e(caption)}</figcaption></figure>" if chart else ""
 
 
 def task_metric_name(summary: dict[str, Any]) -> str:
@@ -105,7 +80,7 @@ def _data(summary: dict[str, Any]) -> str:
     names = sorted({name for per in features.values() for name in per})
     body = []
     for name in names:
-        cells = [_e(name), _e(next(features[s][name]["kind"] for s in splits if name in features[s]))]
+        cells = [esc(name), esc(next(features[s][name]["kind"] for s in splits if name in features[s]))]
         for split in splits:
             entry = features[split].get(name)
             if entry is None:
@@ -123,15 +98,16 @@ def _data(summary: dict[str, Any]) -> str:
                 chart = charts.spark_bars("distribution", [f for _, f in top], f"{name} {split}: top values")
                 shown = ", ".join(f"{v} ({f:,.0f})" for v, f in top[:4])
                 cells.append(f"{chart}<br><span class='note'>{entry.get('unique', 0):,} distinct; "
-                             f"{_e(shown)}</span>")
+                             f"{esc(shown)}</span>")
         body.append(cells)
-    head = ["feature", "kind"] + [h for s in splits for h in (f"missing ({_e(s)})", f"distribution ({_e(s)})")]
-    parts.append("<h3>Features</h3>" + _table(head, body))
+    head = ["feature", "kind"] + [h for s in splits for h in (f"missing ({esc(s)})", f"distribution ({esc(s)})")]
+    parts.append("<h3>Features</h3>" + tabulate(head, body))
     anomalies = [(split, a) for split, found in (data.get("anomalies") or {}).items() for a in found]
     parts.append("<h3>Anomalies</h3>")
     if anomalies:
-        parts.append(_table(["split", "feature", "severity", "description"],
-                            [[_e(s), _e(a["feature"]), _e(a["severity"]), _e(a["description"])] for s, a in anomalies]))
+        parts.append(tabulate(["split", "feature", "severity", "description"],
+                              [[esc(s), esc(a["feature"]), esc(a["severity"]), esc(a["description"])]
+                               for s, a in anomalies]))
     else:
         parts.append("<p class='good'>None: every split fits the schema.</p>")
     parts.append("<h3>Drift against the previous run</h3>")
@@ -139,19 +115,19 @@ def _data(summary: dict[str, Any]) -> str:
     if not drift:
         parts.append("<p class='note'>No previous run of this pipeline to compare with.</p>")
     elif drift.get("same_statistics"):
-        parts.append(f"<p>Same statistics as run {_e(drift['previous_run'])} (reused from the cache): the data did "
+        parts.append(f"<p>Same statistics as run {esc(drift['previous_run'])} (reused from the cache): the data did "
                      "not change.</p>")
     else:
-        drift_rows = [[_e(d["feature"]), _e(d["measure"]),
+        drift_rows = [[esc(d["feature"]), esc(d["measure"]),
                        f"<span class='{'bad' if d['value'] > 0.1 else ''}'>{d['value']:.3f}</span>",
                        f"{d['missing_change']:+.1%}"] for d in drift.get("features", [])]
-        parts.append(f"<p>{_e(drift.get('split', 'train'))} split against run {_e(drift['previous_run'])}; above "
-                     "0.1 in red.</p>" + _table(["feature", "measure", "drift", "missing share change"], drift_rows))
+        parts.append(f"<p>{esc(drift.get('split', 'train'))} split against run {esc(drift['previous_run'])}; above "
+                     "0.1 in red.</p>" + tabulate(["feature", "measure", "drift", "missing share change"], drift_rows))
     return "".join(parts)
 
 
 def _setting(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else _e(value)
+    return f"{value:.4g}" if isinstance(value, float) else esc(value)
 
 
 def _training(summary: dict[str, Any]) -> str:
@@ -168,11 +144,12 @@ def _training(summary: dict[str, Any]) -> str:
         monitor = str(training.get("monitor", "val_auc"))
         metric = monitor[4:] if monitor.startswith("val_") else monitor
         count = max(len(v) for v in epochs.values())
-        parts.append(f"<p>{count} epoch(s); early stopping follows {_e(monitor)} ({_e(training.get('mode', ''))}).</p>"
+        parts.append(f"<p>{count} epoch(s); early stopping follows {esc(monitor)} "
+                     f"({esc(training.get('mode', ''))}).</p>"
                      "<div class='charts'>"
-                     + _figure(charts.lines("loss", series("loss"), "loss per epoch", "epoch", "loss"),
+                     + captioned(charts.lines("loss", series("loss"), "loss per epoch", "epoch", "loss"),
                                "Loss per epoch, train and validation.")
-                     + _figure(charts.lines("training_metric", series(metric), f"{metric} per epoch", "epoch",
+                     + captioned(charts.lines("training_metric", series(metric), f"{metric} per epoch", "epoch",
                                             metric), f"{metric} per epoch, train and validation.")
                      + "</div>")
     else:
@@ -180,18 +157,18 @@ def _training(summary: dict[str, Any]) -> str:
                      "existed, or training did not run).</p>")
     settings = training.get("settings") or {}
     if settings:
-        parts.append("<h3>Hyperparameters</h3>" + _table(["setting", "value"],
-                                                         [[_e(k), _setting(v)] for k, v in settings.items()]))
+        parts.append("<h3>Hyperparameters</h3>" + tabulate(["setting", "value"],
+                                                         [[esc(k), _setting(v)] for k, v in settings.items()]))
     best = training.get("tuner_best")
     trials = training.get("tuner_trials")
     if best is not None or trials:
         parts.append("<h3>Tuner</h3>")
         if best:
-            parts.append("<p>Best values: " + ", ".join(f"{_e(k)} {_setting(v)}" for k, v in best.items()) + "</p>")
+            parts.append("<p>Best values: " + ", ".join(f"{esc(k)} {_setting(v)}" for k, v in best.items()) + "</p>")
         if trials:
             keys = [k for k in trials[0] if k not in ("trial_id", "score")]
-            parts.append(_table(["trial", "score"] + [_e(k) for k in keys],
-                                [[_e(t.get("trial_id", "")), _num(t.get("score"))] + [_num(t.get(k)) for k in keys]
+            parts.append(tabulate(["trial", "score"] + [esc(k) for k in keys],
+                                [[esc(t.get("trial_id", "")), num(t.get("score"))] + [num(t.get(k)) for k in keys]
                                  for t in trials]))
     else:
         parts.append("<p class='note'>The Tuner did not run (tuner.enabled=false): the settings above come from "
@@ -233,12 +210,12 @@ def _slices(summary: dict[str, Any], metric: str) -> str:
     chart = charts.bars("slices", bars, f"{metric} per slice with its example count", colors=colors)
     names = [n for n in ("example_count", metric, *sorted({k for _, m in rows for k in m})) if "/" not in n]
     names = list(dict.fromkeys(n for n in names if any(n in m for _, m in rows) and not n.endswith("_diff")))
-    table = _table(["slice"] + [_e(n) for n in names],
-                   [[_e(name)] + [_count(m.get(n)) if n == "example_count" else _num(m[n]) if n in m else ""
+    table = tabulate(["slice"] + [esc(n) for n in names],
+                   [[esc(name)] + [whole(m.get(n)) if n == "example_count" else num(m[n]) if n in m else ""
                                   for n in names] for name, m in rows])
     one_class = (" and slices whose rows are all of one class (mean_label 0 or 1: no ranking to judge)"
                  if (summary.get("task") or {}).get("kind", "binary") == "binary" else "")
-    return (f"<h3>Overall and per slice</h3><p class='note'>{_e(metric)} with the rows it was measured on; in "
+    return (f"<h3>Overall and per slice</h3><p class='note'>{esc(metric)} with the rows it was measured on; in "
             f"orange, slices under {FEW_ROWS} rows (their figures swing with a single row){one_class}.</p>"
             f"{chart}{table}")
 
@@ -251,15 +228,15 @@ def _binary_plots(summary: dict[str, Any]) -> str:
         roc, pr = roc_and_pr(thresholds)
         auc = (summary.get("metrics") or {}).get("auc")
         auc_text = f" (AUC {auc:.4f})" if isinstance(auc, (int, float)) else ""
-        parts.append(_figure(charts.lines("roc", [("model", roc)], "ROC curve", "false positive rate",
+        parts.append(captioned(charts.lines("roc", [("model", roc)], "ROC curve", "false positive rate",
                                           "true positive rate", diagonal=True, bounds=(0, 1, 0, 1)),
                              f"ROC curve{auc_text}; dashed: chance."))
-        parts.append(_figure(charts.lines("precision_recall", [("model", pr)], "precision-recall curve", "recall",
+        parts.append(captioned(charts.lines("precision_recall", [("model", pr)], "precision-recall curve", "recall",
                                           "precision", bounds=(0, 1, 0, 1)), "Precision against recall."))
     buckets = plots.get("calibration") or []
     if buckets:
         points = [(b["prediction"] / b["count"], b["label"] / b["count"]) for b in buckets if b["count"]]
-        parts.append(_figure(charts.lines("calibration_plot", [("buckets", points)], "calibration plot",
+        parts.append(captioned(charts.lines("calibration_plot", [("buckets", points)], "calibration plot",
                                           "mean predicted probability", "share of positives", diagonal=True,
                                           bounds=(0, 1, 0, 1), points=True),
                              "Mean prediction against the observed share of positives per probability bucket; "
@@ -279,7 +256,7 @@ def _binary_plots(summary: dict[str, Any]) -> str:
             source = "chosen by the calibration step" if calibration else "the default"
             caption = (f"Confusion matrix at threshold {matrix['threshold']:.3f} ({source}; the decision threshold "
                        f"is {threshold:.3f}).")
-        parts.append(_figure(chart, caption))
+        parts.append(captioned(chart, caption))
     if not parts:
         return "<p class='note'>The Evaluator recorded no plots (a run from before the report had them).</p>"
     return "<h3>Curves</h3><div class='charts'>" + "".join(parts) + "</div>"
@@ -297,13 +274,13 @@ def _multiclass_plots(summary: dict[str, Any]) -> str:
         for actual, predicted, count in entries:
             if 0 <= actual < size and 0 <= predicted < size:
                 counts[actual][predicted] += count
-        parts.append(_figure(charts.matrix("confusion_matrix", names, counts, "confusion matrix"),
+        parts.append(captioned(charts.matrix("confusion_matrix", names, counts, "confusion matrix"),
                              "Confusion matrix: each row an actual class, the predicted class by highest probability."))
     for name in ("precision", "recall"):
         values = sorted((int(k.rsplit(":", 1)[1]), v) for k, v in metrics.items() if k.startswith(f"{name}/classId:"))
         if values:
             bars = [(classes[i] if i < len(classes) else str(i), v, "") for i, v in values]
-            parts.append(_figure(charts.bars(f"{name}_per_class", bars, f"{name} per class", width=360),
+            parts.append(captioned(charts.bars(f"{name}_per_class", bars, f"{name} per class", width=360),
                                  f"{name.capitalize()} per class."))
     if not parts:
         return "<p class='note'>The Evaluator recorded no per-class figures.</p>"
@@ -322,10 +299,10 @@ def _regression_plots(summary: dict[str, Any]) -> str:
     for r in residuals:
         counts[min(19, int((r - low) / width))] += 1
     return ("<h3>Predictions</h3><div class='charts'>"
-            + _figure(charts.lines("predicted_actual", [("eval rows", pairs)], "predicted against actual",
+            + captioned(charts.lines("predicted_actual", [("eval rows", pairs)], "predicted against actual",
                                    "predicted", "actual", diagonal=True, points=True),
                       f"Predicted against actual on {len(pairs)} eval rows; dashed: a perfect model.")
-            + _figure(charts.bars("residuals", [(f"{low + i * width:.3g}", c, "") for i, c in enumerate(counts)],
+            + captioned(charts.bars("residuals", [(f"{low + i * width:.3g}", c, "") for i, c in enumerate(counts)],
                                   "residuals", width=360, bar_height=9),
                       "Residuals (actual minus predicted), 20 bins.")
             + "</div>")
@@ -356,23 +333,23 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
     names = [n for n in (metric, "auc", "binary_accuracy", "precision", "recall", "calibration", "macro_auc",
                          "accuracy", "log_loss", "rmse", "mae", "r2", "example_count") if n in (base or candidate)]
     names = list(dict.fromkeys(names))
-    shown = {n: (_count if n == "example_count" else _num) for n in names}
+    shown = {n: (whole if n == "example_count" else num) for n in names}
     if base or no_skill:
         # The no-skill column: what ignoring the features scores on the same eval rows, beside each figure.
         head = ["metric", "candidate"] + (["no skill"] if no_skill else []) + (["baseline", "change"] if base else [])
-        rows = [[_e(n), shown[n](candidate.get(n, float("nan")))]
-                + ([_num(no_skill[n]) if n in no_skill else ""] if no_skill else [])
+        rows = [[esc(n), shown[n](candidate.get(n, float("nan")))]
+                + ([num(no_skill[n]) if n in no_skill else ""] if no_skill else [])
                 + ([shown[n](base[n]), f"{candidate[n] - base[n]:+.4f}" if n in candidate else ""] if base else [])
                 for n in names]
-        parts.append(_table(head, rows))
+        parts.append(tabulate(head, rows))
     if not base:
         parts.append("<p class='note'>No baseline model: the first blessed model of this pipeline, or "
                      "evaluation.baseline is none. The thresholds alone decided.</p>")
     failures = baseline.get("failures") or []
     if summary.get("blessing_failure"):
-        parts.append(f"<p class='bad'>Not blessed: {_e(summary['blessing_failure'])}.</p>")
+        parts.append(f"<p class='bad'>Not blessed: {esc(summary['blessing_failure'])}.</p>")
     elif failures:
-        parts.append("<p class='bad'>Failed thresholds:</p><ul>" + "".join(f"<li>{_e(f)}</li>" for f in failures)
+        parts.append("<p class='bad'>Failed thresholds:</p><ul>" + "".join(f"<li>{esc(f)}</li>" for f in failures)
                      + "</ul>")
     return "".join(parts)
 
@@ -383,7 +360,7 @@ def _evaluation(summary: dict[str, Any]) -> str:
     kind = (summary.get("task") or {}).get("kind", "binary")
     metric = task_metric_name(summary)
     plots = {"binary": _binary_plots, "multiclass": _multiclass_plots, "regression": _regression_plots}[kind]
-    return (f"<p>{_e(kind)} model judged by {_e(metric)}.</p>" + _slices(summary, metric) + plots(summary)
+    return (f"<p>{esc(kind)} model judged by {esc(metric)}.</p>" + _slices(summary, metric) + plots(summary)
             + _baseline(summary, metric))
 
 
@@ -393,20 +370,20 @@ def _calibration(summary: dict[str, Any]) -> str:
         return (f"<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
                 f"and the decision threshold is {DEFAULT_THRESHOLD}.</p>")
     before, after = report.get("before") or {}, report.get("after") or {}
-    facts = [["method", _e(report.get("method", ""))], ["fitted on", _e(report.get("fitted_on", ""))],
-             ["rows", _num(report.get("rows", ""))], ["threshold objective", _e(report.get("objective", ""))],
+    facts = [["method", esc(report.get("method", ""))], ["fitted on", esc(report.get("fitted_on", ""))],
+             ["rows", num(report.get("rows", ""))], ["threshold objective", esc(report.get("objective", ""))],
              ["decision threshold", "none: the most probable class" if report.get("threshold") is None
-              else _num(report["threshold"])]]
+              else num(report["threshold"])]]
     rates = report.get("positive_rate")
     if rates:
         facts.append(["positive rate", f"{rates['fitted']:.1%} of the rows fitted on, {rates['measured']:.1%} of "
-                                       f"the {_num(report.get('measured_rows', ''))} rows measured on"])
+                                       f"the {num(report.get('measured_rows', ''))} rows measured on"])
     names = [n for n in ("calibration", "ece", "auc", "precision", "recall") if n in before or n in after]
-    figures = [[_e(n), _num(before.get(n, "")), _num(after.get(n, ""))] for n in names]
+    figures = [[esc(n), num(before.get(n, "")), num(after.get(n, ""))] for n in names]
     threshold = report.get("threshold")
     heads = (["before: as trained", "after: calibrated"] if threshold is None else
              [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
-    rejected = (f"<p class='few'>Not applied: {_e(report.get('note', ''))}; both columns are the model as trained."
+    rejected = (f"<p class='few'>Not applied: {esc(report.get('note', ''))}; both columns are the model as trained."
                 "</p>" if report.get("applied") is False else "")
     reliability = report.get("reliability") or {}
     diagram = ""
@@ -414,44 +391,20 @@ def _calibration(summary: dict[str, Any]) -> str:
         what = "share of positives" if threshold is not None else "share right"
         series = [(name, [(x, y) for x, y, _ in reliability.get(key) or []])
                   for name, key in (("as trained", "before"), ("calibrated", "after"))]
-        diagram = _figure(charts.lines("reliability", series, "reliability diagram", "mean predicted probability"
+        diagram = captioned(charts.lines("reliability", series, "reliability diagram", "mean predicted probability"
                                        if threshold is not None else "mean confidence", what, diagonal=True,
                                        bounds=(0, 1, 0, 1), points=True),
-                          f"Reliability on the {_e(report.get('measured_on', 'eval rows'))}: ten equal-mass bins of "
+                          f"Reliability on the {esc(report.get('measured_on', 'eval rows'))}: ten equal-mass bins of "
                           "rows; on the dashed line a probability means what it says (ece is the weighted gap).")
-    return (rejected + _table(["", ""], facts) + _table(["figure", *heads], figures) + diagram
+    return (rejected + tabulate(["", ""], facts) + tabulate(["figure", *heads], figures) + diagram
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
               "they say; ece, the expected calibration error over ten equal-mass bins of rows, is 0 then.</p>")
-
-
-def optimization_html(report: dict[str, Any]) -> str:
-    """The Optimizer's report as tables (each model's size and metric, sparsity per layer) and a sparsity chart."""
-    if not report:
-        return "<p class='note'>The Optimizer recorded no report in this run.</p>"
-    metric = report.get("metric", "auc")
-    stages = [name for name in ("input", "distilled", "pruned") if isinstance(report.get(name), dict)]
-    sizes = ["parameters", "nonzero_parameters", "gzip_bytes"]
-    figures = [metric] + sorted({k for stage in stages for k, v in report[stage].items()
-                                 if isinstance(v, float) and k not in (metric, "degradation")})
-    columns = [c for c in (*sizes, *figures, "degradation") if any(c in report[stage] for stage in stages)]
-    rows = [[_e(stage)] + [_num(report[stage][c]) if c in report[stage] else "" for c in columns] for stage in stages]
-    parts = [f"<p>Stages run: {_e(', '.join(report.get('stages', [])) or 'none')}; judged by {_e(metric)}.</p>",
-             _table(["model"] + [_e(c.replace("_", " ")) for c in columns], rows)]
-    sparsity = (report.get("pruned") or {}).get("kernel_sparsity") or {}
-    if sparsity:
-        parts.append("<h3>Sparsity per layer</h3>"
-                     + charts.bars("sparsity", [(layer, float(v), "") for layer, v in sparsity.items()],
-                                   "kernel sparsity per layer", width=480)
-                     + _table(["layer", "kernel sparsity"], [[_e(k), f"{v:.1%}"] for k, v in sparsity.items()]))
-    return "".join(parts)
 
 
 def _export(summary: dict[str, Any]) -> str:
     report = summary.get("export") or {}
     if not report:
         return "<p class='note'>Nothing was exported: the Exporter did not run (a stage before it failed).</p>"
-    from components.exporter.report import chart_png, table_html
-
     verdict = ("<span class='good'>every format agrees with the SavedModel</span>" if report.get("passed")
                else "<span class='bad'>FAILED: nothing is pushed</span>")
     return (f"<p>{verdict}; {report.get('eval_rows', 0):,} eval rows through every format.</p>{table_html(report)}"
@@ -485,13 +438,13 @@ def _serving(summary: dict[str, Any]) -> str:
         return "<p class='note'>Nothing was published: the model was not blessed.</p>"
     model = serving.get("model_name") or "model"
     row = serving.get("row") or {}
-    parts = [f"<p>Version <b>{_e(version)}</b> of <b>{_e(model)}</b> at <code>{_e(summary.get('pushed_path'))}"
-             f"</code>. Publishing routes no traffic: <code>mlops rollout start --version {_e(version)}</code> moves "
+    parts = [f"<p>Version <b>{esc(version)}</b> of <b>{esc(model)}</b> at <code>{esc(summary.get('pushed_path'))}"
+             f"</code>. Publishing routes no traffic: <code>mlops rollout start --version {esc(version)}</code> moves "
              f"it to serving. Serve the repository locally with <code>mlops serve</code> (REST on 8501, gRPC on "
              "8500), then:</p>"]
     if row:
-        parts.append(f"<h3>REST</h3><pre>{_e(rest_example(model, version, row))}</pre>"
-                     f"<h3>gRPC (Python)</h3><pre>{_e(grpc_example(model, version, row))}</pre>"
+        parts.append(f"<h3>REST</h3><pre>{esc(rest_example(model, version, row))}</pre>"
+                     f"<h3>gRPC (Python)</h3><pre>{esc(grpc_example(model, version, row))}</pre>"
                      "<p class='note'>The features are those of a real eval row.</p>")
     else:
         parts.append("<p class='note'>No eval row was recorded to build an example request from.</p>")
@@ -502,16 +455,16 @@ def _header(summary: dict[str, Any]) -> str:
     metrics = summary.get("metrics") or {}
     metric = task_metric_name(summary)
     kind = (summary.get("task") or {}).get("kind", "binary")
-    facts = [f"{_e(kind)} task", f"{summary.get('elapsed_seconds', 0):.1f}s"]
+    facts = [f"{esc(kind)} task", f"{summary.get('elapsed_seconds', 0):.1f}s"]
     if metric in metrics:
-        facts.append(f"{_e(metric)} {metrics[metric]:.4f} on {metrics.get('example_count', 0):,.0f} eval rows")
+        facts.append(f"{esc(metric)} {metrics[metric]:.4f} on {metrics.get('example_count', 0):,.0f} eval rows")
     facts.append({True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
                   None: "not judged"}[summary.get("blessed")])
     if summary.get("published_version") is not None:
-        facts.append(f"published as version {_e(summary['published_version'])}")
-    nav = "".join(f"<a href='#{s}'>{_e(TITLES[s])}</a>" for s in SECTIONS)
-    log = f" &middot; log: <code>{_e(summary['log_path'])}</code>" if summary.get("log_path") else ""
-    return (f"<p><a href='../index.html'>all runs</a>{log}</p><h1>Run {_e(summary.get('run_id', ''))}</h1>"
+        facts.append(f"published as version {esc(summary['published_version'])}")
+    nav = "".join(f"<a href='#{s}'>{esc(TITLES[s])}</a>" for s in SECTIONS)
+    log = f" &middot; log: <code>{esc(summary['log_path'])}</code>" if summary.get("log_path") else ""
+    return (f"<p><a href='../index.html'>all runs</a>{log}</p><h1>Run {esc(summary.get('run_id', ''))}</h1>"
             f"<p>{' &middot; '.join(facts)}</p><nav>{nav}</nav>")
 
 
@@ -521,8 +474,8 @@ def run_page(summary: dict[str, Any]) -> str:
               "calibration": _calibration,
               "optimization": lambda summary: optimization_html(summary.get("optimization") or {}),
               "export": _export, "serving": _serving}
-    body = "".join(f"<section id='{s}'><h2>{_e(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {_e(summary.get('run_id', ''))}"
+    body = "".join(f"<section id='{s}'><h2>{esc(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {esc(summary.get('run_id', ''))}"
             f"</title><style>{STYLE}</style></head><body>{_header(summary)}{body}</body></html>\n")
 
 
@@ -534,17 +487,17 @@ def index_page(summaries: list[tuple[str, dict[str, Any]]]) -> str:
         metric = task_metric_name(summary)
         rows.append([
             # "./" and quoting: a run id such as "2026-11-30T10:28:39" must not read as a URL scheme.
-            f"<a href='./{_e(quote(folder, safe=':'))}/summary.html'>{_e(summary.get('run_id', folder))}</a>",
-            _e((summary.get("task") or {}).get("kind", "")),
-            f"{_e(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
-            _count(metrics.get("example_count")),
+            f"<a href='./{esc(quote(folder, safe=':'))}/summary.html'>{esc(summary.get('run_id', folder))}</a>",
+            esc((summary.get("task") or {}).get("kind", "")),
+            f"{esc(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
+            whole(metrics.get("example_count")),
             {True: "<span class='good'>yes</span>", False: "<span class='bad'>no</span>", None: "not judged"}[
                 summary.get("blessed")],
-            _e(summary.get("published_version") if summary.get("published_version") is not None else ""),
+            esc(summary.get("published_version") if summary.get("published_version") is not None else ""),
             f"{summary.get('elapsed_seconds', 0):.1f}s",
             f"{len(summary.get('cached_stages') or [])}/{len(summary.get('stage_seconds') or {})}",
         ])
-    table = _table(["run", "task", "metric", "eval rows", "blessed", "version", "time", "cached stages"], rows) \
+    table = tabulate(["run", "task", "metric", "eval rows", "blessed", "version", "time", "cached stages"], rows) \
         if rows else "<p>No runs yet: mlops run.</p>"
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Runs</title><style>{STYLE}</style>"
             f"</head><body><h1>Runs</h1><section id='runs'>{table}</section></body></html>\n")
@@ -554,14 +507,14 @@ def write_index(runs_dir: str) -> str:
     """outputs/runs/index.html from every run folder's summary.json; returns its path."""
     found = []
     for folder in sorted(os.listdir(runs_dir), reverse=True):
-        path = os.path.join(runs_dir, folder, "summary.json")
+        path = os.path.join(runs_dir, folder, RUN_SUMMARY_JSON)
         if os.path.isfile(path):
             try:
                 with open(path) as f:
                     found.append((folder, json.load(f)))
             except (OSError, ValueError):
                 continue  # a half-written or foreign file: the index lists the others
-    index = os.path.join(runs_dir, "index.html")
+    index = os.path.join(runs_dir, RUNS_INDEX_HTML)
     with open(index, "w") as f:
         f.write(index_page(found))
     return index

@@ -1,4 +1,4 @@
-"""Worker processes that run pipeline stages beside the `mlops run` process (pipeline/dag_runner.py).
+"""Worker processes that run pipeline stages beside the `mlops run` process (pipeline/local/dag_runner.py).
 
 The stages are Python-bound (Beam's in-memory runner, graph tracing, conversion), so a second stage on a thread would
 share one interpreter lock with the first: a stage runs beside another only in its own process. A worker starts
@@ -57,7 +57,7 @@ def _serve(tasks: Connection) -> None:
 
     route_logs_to_stderr()
     from components.compat import cache_dofn_specs
-    from pipeline.dag_runner import launch_serialized
+    from pipeline.local.node_launch import launch_serialized
 
     cache_dofn_specs()
 

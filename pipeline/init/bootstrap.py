@@ -23,7 +23,6 @@ import yaml
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
-from monitoring.judge import feature_kind
 from pipeline.data import (
     COMMON_MISSING_MARKERS,
     ColumnProfile,
@@ -33,7 +32,7 @@ from pipeline.data import (
     csv_header,
     profile_columns,
 )
-from pipeline.statistics_page import statistics_html
+from reports.statistics_page import statistics_html
 from settings.config import (
     EPOCH_FORMAT,
     FEATURE_NAME,
@@ -47,6 +46,7 @@ from settings.config import (
     LabelConfig,
     MonitoringConfig,
     PipelineConfig,
+    feature_kind,
     load_config,
     no_skill_bound,
     usable_name,
@@ -624,7 +624,7 @@ def run_statistics(config: PipelineConfig, out: TextIO) -> tuple[dict[str, stati
                                                                  schema_pb2.Schema]:
     """ExampleGen, StatisticsGen and SchemaGen on `config`'s data (its split and markers), below its output_root;
     the statistics of each split and the inferred schema."""
-    from pipeline.progress import StageProgress
+    from pipeline.local.progress import StageProgress
     from pipeline.runner import PipelineError, _logs_to_file
 
     log_path = os.path.join(config.output_root, "init.log")

@@ -26,7 +26,7 @@ from settings.config import TrainingConfig, read_section
 
 skip_autograph_for_tf_keras()
 
-# The output a binary model answers with; tasks.OUTPUT_NAMES has every kind's.
+# The output a binary model answers with; settings.tasks.OUTPUT_NAMES has every kind's.
 SERVING_OUTPUT = "probabilities"
 BINARY = Task("binary")
 # A category feature's embedding has a row per id up to its largest value; beyond this many (11-digit census tracts,

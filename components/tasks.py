@@ -14,11 +14,8 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from settings.config import TASK_METRICS, task_metric
+from settings.tasks import OUTPUT_NAMES, TASK_METRICS, TaskKind, task_metric
 
-# The SavedModel's output each kind answers with: one probability per row (binary), a probability per class
-# (multiclass, beside the predicted class name and the class names), or the predicted number (regression).
-OUTPUT_NAMES = {"binary": "probabilities", "multiclass": "probabilities", "regression": "value"}
 # Probabilities are clipped this far from 0 and 1 for log loss, as Keras does.
 PROB_EPSILON = 1e-7
 # Score buckets of the streaming AUC the Evaluator computes (MulticlassStats): resolution 1/AUC_BUCKETS.
@@ -34,7 +31,7 @@ class Task:
     the model predicts z-scores and rescales them, so its output is in the label's units.
     """
 
-    kind: str = "binary"
+    kind: TaskKind = "binary"
     classes: tuple[str, ...] = ()
     label_mean: float = 0.0
     label_std: float = 1.0
@@ -59,7 +56,8 @@ class Task:
 def task_from_transform(label: Any, tft_output: Any) -> Task:
     """The Task of a run from its label section and the Transform output (classes of a multiclass label, the
     regression label's mean and standard deviation), as the Transform recorded them."""
-    from components.transform import CLASSES_VOCABULARY, LABEL_CONSTANTS, read_constants
+    from components.label_rule import CLASSES_VOCABULARY
+    from components.transform import LABEL_CONSTANTS, read_constants
 
     if label.kind == "multiclass":
         classes = tuple(v.decode("utf-8") for v in tft_output.vocabulary_by_name(CLASSES_VOCABULARY))

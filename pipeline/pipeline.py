@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +42,17 @@ from components.specs import (
 )
 from pipeline.beam import beam_pipeline_args
 from pipeline.data import count_csv_rows, resolve_data_dir
-from settings.config import (
-    REPOSITORY_BASELINES,
-    EvaluationConfig,
-    PipelineConfig,
-    higher_is_better,
-    no_skill_bound,
-    task_metric,
-    tolerance_note,
-)
+from settings.config import REPOSITORY_BASELINES, EvaluationConfig, LabelConfig, PipelineConfig, tolerance_note
+from settings.tasks import EVALUATOR_METRICS, METRICS, higher_is_better, no_skill_bound, task_metric
 
 PREPROCESSING_FN = "components.transform.preprocessing_fn"
 RUN_FN = "components.model.run_fn"
 TUNER_FN = "components.tuner.tuner_fn"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The code Transform, Tuner and Trainer load by name, and the settings it reads.
+MODULE_CODE = ("components", "settings")
 # ExampleGen's own code: only its edits re-run ExampleGen (the module code's fingerprint would re-run it on any edit).
-EXAMPLE_GEN_CODE = "components/example_gen"
+EXAMPLE_GEN_CODE = ("components/example_gen", "components/label_rule.py", "settings")
 # Runtime parameters of the pipeline: a KFP run can set them without compiling again; local runs use the defaults.
 DATA_ROOT_PARAMETER = "data_root"
 TRAIN_ARGS_PARAMETER = "train_args"
@@ -70,16 +65,8 @@ EVALUATOR_NODE = "Evaluator"
 SERVING_BASELINE_NODE = "ServingBaseline"
 
 
-# Per task kind: each metric of TASK_METRICS as TFMA computes it (class name, module, TFMA's key of the figure).
-EVALUATOR_METRICS = "components.evaluator_metrics"
-TFMA_METRICS: dict[str, dict[str, tuple[str, str, str]]] = {
-    "binary": {"auc": ("AUC", "", "auc"), "accuracy": ("BinaryAccuracy", "", "binary_accuracy"),
-               "log_loss": ("BinaryMetric", EVALUATOR_METRICS, "log_loss")},
-    "multiclass": {name: ("MulticlassMetric", EVALUATOR_METRICS, name) for name in ("macro_auc", "accuracy",
-                                                                                   "log_loss")},
-    "regression": {name: ("RegressionMetric", EVALUATOR_METRICS, name) for name in ("rmse", "mae", "r2")},
-}
-# Figures a person reads beside those, per kind.
+# Figures a person reads beside each kind's metrics (settings.tasks.METRICS), as TFMA computes them (class name,
+# module, TFMA's key of the figure).
 EXTRA_METRICS: dict[str, list[tuple[str, str, str]]] = {
     # MeanLabel: the share of positives, so that the report calls out a slice of one class (its AUC means nothing).
     "binary": [("Precision", "", "precision"), ("Recall", "", "recall"), ("Calibration", "", "calibration"),
@@ -148,7 +135,7 @@ def not_blessed_message(failures: list[dict[str, Any]], config: PipelineConfig, 
     the figures and every config key, with its value, that sets the same comparison; empty for no failure."""
     kind, evaluation = config.label.kind, config.evaluation
     judged = task_metric(kind, evaluation.metric)
-    names = {key: name for name, (_, _, key) in TFMA_METRICS[kind].items()}
+    names = {metric.key: metric.name for metric in METRICS[kind]}
     chosen = _setting(config, "evaluation.metric") + (f", which judges {judged}" if evaluation.metric == "auto" else "")
     parts = []
     for failure in failures:
@@ -200,9 +187,10 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     threshold = blessing_threshold(evaluation, kind, evaluation.baseline != "none")
     metrics = [tfma.MetricConfig(class_name="ExampleCount")]
     bounds = metric_bounds(evaluation, kind)
-    for name, (class_name, module, key) in TFMA_METRICS[kind].items():
-        metric = tfma.MetricConfig(class_name=class_name, module=module,
-                                   config=json.dumps({"name": key}) if module else "")
+    for judged_metric in METRICS[kind]:
+        name = judged_metric.name
+        metric = tfma.MetricConfig(class_name=judged_metric.tfma_class, module=judged_metric.tfma_module,
+                                   config=json.dumps({"name": judged_metric.key}) if judged_metric.tfma_module else "")
         judged = tfma.MetricThreshold()
         if name == blessing:
             judged.CopyFrom(threshold)
@@ -236,12 +224,15 @@ def eval_config(config: PipelineConfig) -> tfma.EvalConfig:
     )
 
 
-def code_fingerprint(folder: str = "components") -> str:
-    """Hash of the code below `folder` (by default all module code Transform, Tuner and Trainer load by name), so
-    that editing it invalidates TFX's cache (which keys on properties, not on the source behind a function path)."""
+def code_fingerprint(paths: tuple[str, ...] = MODULE_CODE) -> str:
+    """Hash of the code in `paths` (folders or files; by default all module code Transform, Tuner and Trainer load by
+    name, and the settings it reads), so that editing it invalidates TFX's cache (which keys on properties, not on
+    the source behind a function path)."""
     digest = hashlib.sha256()
-    for path in sorted((REPO_ROOT / folder).rglob("*.py")):
-        digest.update(path.read_bytes())
+    for path in paths:
+        code = REPO_ROOT / path
+        for file in [code] if code.is_file() else sorted(code.rglob("*.py")):
+            digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -308,11 +299,11 @@ def data_root(config: PipelineConfig) -> str:
     return str(resolve_data_dir(config.data.path, config.output_root))
 
 
-def stratify_label(config: PipelineConfig) -> dict[str, Any] | None:
+def stratify_label(config: PipelineConfig) -> LabelConfig | None:
     """The label ExampleGen splits each class of by the split shares (data.stratify); None for a hash split."""
     if not config.data.stratify or config.label.kind == "regression":
         return None
-    return asdict(config.label)
+    return config.label
 
 
 def csv_example_gen(config: PipelineConfig) -> FileBasedExampleGen:

@@ -9,21 +9,19 @@ from typing import Any
 
 from reports import charts
 from reports.html_parts import esc, num, tabulate
-from settings.config import TASK_METRICS
-
-# Column headings of the task's metrics.
-HEADINGS = {"auc": "AUC", "macro_auc": "macro AUC", "log_loss": "log loss", "rmse": "RMSE", "mae": "MAE", "r2": "R²"}
+from settings.tasks import heading
+from settings.tasks import metric_names as task_metric_names
 
 
 def metric_names(result: dict[str, Any]) -> list[str]:
     """The metrics the report's task is judged by (AUC and accuracy for a report without a task: a binary one)."""
-    return list(TASK_METRICS[(result.get("task") or {}).get("kind", "binary")])
+    return task_metric_names((result.get("task") or {}).get("kind", "binary"))
 
 
 def table_lines(result: dict[str, Any]) -> list[str]:
     """The report as a plain-text table, for logs and the run summary."""
     names = metric_names(result)
-    headings = "".join(f"{HEADINGS.get(name, name):>10}" for name in names)
+    headings = "".join(f"{heading(name):>10}" for name in names)
     lines = [f"{'artifact':<16}{'size KiB':>10}{'max |diff|':>12}{headings}{'p50 ms':>9}  check"]
     for row in result["artifacts"]:
         check = row["check"]
@@ -66,7 +64,7 @@ def table_html(result: dict[str, Any]) -> str:
     """The report's table as HTML: one row per artifact, its check passed or failed (shaded)."""
     names = metric_names(result)
     head = ("<tr><th>artifact</th><th>size KiB</th><th>max |diff| vs SavedModel</th>"
-            + "".join(f"<th>{html.escape(HEADINGS.get(name, name))}</th>" for name in names)
+            + "".join(f"<th>{html.escape(heading(name))}</th>" for name in names)
             + "<th>p50 latency ms</th><th>check</th></tr>")
     body = []
     for row in result["artifacts"]:
@@ -88,7 +86,7 @@ def export_html(result: dict[str, Any]) -> str:
     opt_html = f"<h2>Optimization</h2>{optimization_html(optimization)}" if optimization else ""
     verdict = "all formats agree with the SavedModel" if result["passed"] else "FAILED: nothing is pushed"
     task = result.get("task") or {"kind": "binary"}
-    reference = ", ".join(f"{HEADINGS.get(name, name)} {result['reference'][name]:.4f}" for name in names)
+    reference = ", ".join(f"{heading(name)} {result['reference'][name]:.4f}" for name in names)
     classes = f" Classes, in the order of the probabilities: {html.escape(', '.join(task['classes']))}." \
         if task.get("classes") else ""
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Export report</title>

@@ -16,6 +16,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from settings.tasks import TASK_METRICS, TaskKind, task_metric
+
 if typing.TYPE_CHECKING:
     from tensorflow_metadata.proto.v0 import schema_pb2
 
@@ -105,7 +107,7 @@ class DataConfig:
 class LabelConfig:
     # What the model predicts: binary (one probability), multiclass (a probability per class of the label column,
     # the classes taken from the data) or regression (the label column's number).
-    kind: Literal["binary", "multiclass", "regression"] = "binary"
+    kind: TaskKind = "binary"
     # Name of the label the pipeline computes; never a raw column a request must carry.
     name: str = "label"
     # Raw column the label is computed from; it is dropped from the features and from serving.
@@ -214,32 +216,6 @@ class TunerConfig:
 BASELINES = ("previous_blessed", "latest_blessed", "stable", "published_blessed", "none")
 # The baselines read from the model repository (components/serving_baseline), not from ML Metadata.
 REPOSITORY_BASELINES = ("stable", "published_blessed")
-TASK_KINDS = ("binary", "multiclass", "regression")
-# The metrics each task kind can be judged on, and whether a higher value is better. The first is the kind's
-# default (evaluation.metric: auto).
-TASK_METRICS: dict[str, dict[str, bool]] = {
-    "binary": {"auc": True, "accuracy": True, "log_loss": False},
-    "multiclass": {"macro_auc": True, "accuracy": True, "log_loss": False},
-    "regression": {"rmse": False, "mae": False, "r2": True},
-}
-
-
-def task_metric(kind: str, metric: str = "auto") -> str:
-    """The metric that judges a model of this task kind: `metric`, or the kind's default when it is "auto"."""
-    return next(iter(TASK_METRICS[kind])) if metric == "auto" else metric
-
-
-def higher_is_better(kind: str, metric: str = "auto") -> bool:
-    return TASK_METRICS[kind][task_metric(kind, metric)]
-
-
-def no_skill_bound(kind: str, metric: str, figure: float, margin: float) -> float:
-    """The bound a model must meet on `metric` to beat the no-skill `figure`: `margin` of the way from it to a
-    perfect score (1 for AUC, accuracy and R², 0 for an error or a log loss)."""
-    perfect = 1.0 if higher_is_better(kind, metric) else 0.0
-    return figure + margin * (perfect - figure)
-
-
 # The limits on how much worse evaluation.metric may get: each judges its own comparison (pruned against trained,
 # quantized against float, candidate against baseline), all in the metric's units.
 TOLERANCE_KEYS = ("optimize.max_degradation", "export.max_quantized_degradation", "evaluation.max_degradation")

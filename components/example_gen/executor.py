@@ -21,7 +21,6 @@ import os
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import tensorflow as tf
 from absl import logging
 from google.protobuf import json_format, struct_pb2
@@ -37,7 +36,9 @@ from tfx.utils import io_utils, proto_utils
 from tfx_bsl.coders import csv_decoder
 
 from components import artifacts
+from components.label_rule import first_value, label_class
 from components.specs import LABEL_COLUMN_KEY, MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
+from settings.config import LabelConfig
 
 # The label fields ExampleGen needs to put a row in its class (settings.config.LabelConfig's names).
 STRATIFY_LABEL_FIELDS = ("kind", "column", "threshold", "relative_to", "positive_value")
@@ -47,7 +48,7 @@ _PAST_LAST_HASH = 1 << 64
 _MISSING_LABEL_PATH = "_missing_label_path"
 
 
-def custom_config(missing_values: list[str], fingerprint: str, stratify_label: dict[str, Any] | None = None,
+def custom_config(missing_values: list[str], fingerprint: str, stratify_label: LabelConfig | None = None,
                   label_column: str = "") -> example_gen_pb2.CustomConfig:
     """ExampleGen's custom_config holding the markers, the label to stratify by (None: a plain hash split), the
     label's raw column (rows without it are left out; empty: every row is kept) and the fingerprint of this module,
@@ -57,7 +58,7 @@ def custom_config(missing_values: list[str], fingerprint: str, stratify_label: d
     if label_column:
         values.update({LABEL_COLUMN_KEY: label_column})
     if stratify_label is not None:
-        values.update({STRATIFY_LABEL_KEY: {key: stratify_label[key] for key in STRATIFY_LABEL_FIELDS}})
+        values.update({STRATIFY_LABEL_KEY: {key: getattr(stratify_label, key) for key in STRATIFY_LABEL_FIELDS}})
     config = example_gen_pb2.CustomConfig()
     config.custom_config.Pack(values)
     return config
@@ -81,9 +82,10 @@ def read_missing_values(exec_properties: dict[str, Any]) -> list[str]:
     return [str(v) for v in _custom_values(exec_properties).get(MISSING_VALUES_KEY, [])]
 
 
-def read_stratify_label(exec_properties: dict[str, Any]) -> dict[str, Any] | None:
+def read_stratify_label(exec_properties: dict[str, Any]) -> LabelConfig | None:
     """The label ExampleGen stratifies its split by; None for a plain hash split."""
-    return _custom_values(exec_properties).get(STRATIFY_LABEL_KEY)
+    fields = _custom_values(exec_properties).get(STRATIFY_LABEL_KEY)
+    return None if fields is None else LabelConfig(**{key: fields[key] for key in STRATIFY_LABEL_FIELDS})
 
 
 def read_label_column(exec_properties: dict[str, Any]) -> str:
@@ -93,7 +95,7 @@ def read_label_column(exec_properties: dict[str, Any]) -> str:
 
 def has_value(example: tf.train.Example, name: str) -> bool:
     """Whether the row holds a value of the column (an empty cell or a missing-value marker is none)."""
-    return _first_value(example, name) is not None
+    return first_value(example, name) is not None
 
 
 def read_missing_label_rows(examples_uri: str) -> int | None:
@@ -105,40 +107,6 @@ def read_missing_label_rows(examples_uri: str) -> int | None:
 
 def _write_count(count: int, path: str, column: str) -> None:
     artifacts.write_json(path, {"column": column, "rows": int(count)})
-
-
-def _first_value(example: tf.train.Example, name: str) -> Any:
-    """The first value of a feature, or None when the row has none."""
-    if not name or name not in example.features.feature:
-        return None
-    feature = example.features.feature[name]
-    kind = feature.WhichOneof("kind")
-    values = getattr(feature, kind).value if kind else []
-    return values[0] if len(values) else None
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def label_class(example: tf.train.Example, label: dict[str, Any]) -> str:
-    """The class of a row's label, computed from its raw columns by the Transform's rule (components.transform
-    compute_label: float32, and a row missing a cell the rule reads is negative): "0"/"1" for binary, the label's
-    value for multiclass."""
-    value = _first_value(example, label["column"])
-    if label["kind"] == "multiclass":
-        return "" if value is None else _text(value)
-    if label.get("positive_value"):
-        return "1" if value is not None and _text(value) == label["positive_value"] else "0"
-    if value is None or isinstance(value, bytes):
-        return "0"
-    threshold = np.float32(label["threshold"])
-    if label.get("relative_to"):
-        base = _first_value(example, label["relative_to"])
-        if base is None or isinstance(base, bytes):
-            return "0"
-        threshold = threshold * np.float32(base)
-    return "1" if np.float32(value) > threshold else "0"
 
 
 def row_hash(example: tf.train.Example, split_config: example_gen_pb2.SplitConfig) -> int:
@@ -169,7 +137,7 @@ class StratifiedSplit(beam.PTransform):
     """tf.Examples into len(buckets) splits of serialized rows, each label class cut by hash at the split shares.
     Each class's hashes (8 bytes a row) meet on one worker to find its cuts; the rows themselves are not grouped."""
 
-    def __init__(self, buckets: list[int], split_config: example_gen_pb2.SplitConfig, label: dict[str, Any]):
+    def __init__(self, buckets: list[int], split_config: example_gen_pb2.SplitConfig, label: LabelConfig):
         super().__init__()
         self._buckets, self._split_config, self._label = buckets, split_config, label
 

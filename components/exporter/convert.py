@@ -44,7 +44,7 @@ def core_task(spec: dict[str, Any]) -> Task:
 
 class CoreModule(tf.Module):
     """The Keras model over transformed features with a signature every converter reads. Its one output is the
-    model's numeric output (tasks.OUTPUT_NAMES): probabilities [rows] or [rows, classes], or values [rows]; the
+    model's numeric output (settings.tasks.OUTPUT_NAMES): probabilities [rows] or [rows, classes], or values [rows]; the
     class names of a multiclass model travel in preprocessing.json, and the shipped postprocess step applies them."""
 
     def __init__(self, model: tf.keras.Model, spec: dict[str, Any]):

@@ -37,7 +37,8 @@ from components.tasks import (
     no_skill_figures,
     task_metrics,
 )
-from settings.config import ExportConfig, task_metric, tolerance_note
+from settings.config import ExportConfig, tolerance_note
+from settings.tasks import task_metric
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
 

@@ -22,7 +22,8 @@ import tensorflow_model_optimization as tfmot
 from absl import logging
 
 from components.tasks import describe_figures, task_metrics
-from settings.config import TASK_METRICS, OptimizeConfig, higher_is_better, task_metric, tolerance_note
+from settings.config import OptimizeConfig, tolerance_note
+from settings.tasks import TASK_METRICS, higher_is_better, task_metric
 
 # Probabilities are clipped this far from 0 and 1 before turning them back into logits (float32-safe).
 _PROB_EPSILON = 1e-7

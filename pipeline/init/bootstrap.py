@@ -48,9 +48,9 @@ from settings.config import (
     PipelineConfig,
     feature_kind,
     load_config,
-    no_skill_bound,
     usable_name,
 )
+from settings.tasks import no_skill_bound
 
 SPLITS = ("train", "eval")
 # Integer columns with at most this many distinct values are codes (hour, month, category id): a vocabulary, or

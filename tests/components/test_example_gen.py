@@ -1,4 +1,6 @@
 """ExampleGen with data.missing_values: markers become empty cells before the CSV is typed and encoded."""
+import dataclasses
+
 import apache_beam as beam
 import tensorflow as tf
 from google.protobuf import json_format
@@ -12,14 +14,13 @@ from components.example_gen.executor import (
     _CsvToExample,
     blank_markers,
     custom_config,
-    label_class,
     read_label_column,
     read_missing_label_rows,
     read_missing_values,
     read_stratify_label,
     split_cuts,
 )
-from components.transform import compute_label
+from components.label_rule import label_class
 from settings.config import LabelConfig
 
 CSV = ("distance,count,city,label\n"
@@ -84,57 +85,15 @@ def test_without_markers_the_same_columns_are_strings(tmp_path):
 
 # --- data.stratify: each label class split by the split shares ---
 
-TAXI_LABEL = {"kind": "binary", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""}
-
-
-def _example(**values) -> tf.train.Example:
-    """A tf.Example as ExampleGen writes it: None is a missing cell (the feature present, with no value)."""
-    example = tf.train.Example()
-    for name, value in values.items():
-        feature = example.features.feature[name]
-        if isinstance(value, str):
-            feature.bytes_list.value.append(value.encode())
-        elif isinstance(value, int):
-            feature.int64_list.value.append(value)
-        elif isinstance(value, float):
-            feature.float_list.value.append(value)
-        else:
-            feature.float_list.SetInParent()
-    return example
-
-
-def _sparse(values: list[float | None]) -> tf.SparseTensor:
-    """One column as Transform gets it: a [batch, 1] SparseTensor with no entry for a missing cell."""
-    kept = [(row, value) for row, value in enumerate(values) if value is not None]
-    return tf.SparseTensor([[row, 0] for row, _ in kept] or tf.zeros([0, 2], tf.int64),
-                           tf.constant([float(value) for _, value in kept], tf.float32), [len(values), 1])
-
-
-def test_label_class_follows_the_transforms_label_rule_on_edge_rows():
-    # (tips, fare): above and at the boundary, zero fares, missing cells, integer cells, a float32 rounding edge.
-    rows = [(2.01, 10.0), (2.0, 10.0), (0.0, 0.0), (0.1, 0.0), (None, 5.0), (3.0, None), (7, 10), (0.30000001, 1.5)]
-    classes = [label_class(_example(tips=tips, fare=fare), TAXI_LABEL) for tips, fare in rows]
-    inputs = {"tips": _sparse([tips for tips, _ in rows]), "fare": _sparse([fare for _, fare in rows])}
-    expected = compute_label(inputs, LabelConfig(**TAXI_LABEL)).numpy().tolist()
-    assert classes == [str(value) for value in expected]
-    assert classes == ["1", "0", "0", "1", "0", "0", "1", "0"], "0.30000001 > 0.2 * 1.5 in float64, not in float32"
-    assert label_class(_example(fare=3.0), TAXI_LABEL) == "0", "a row without the label column is negative"
+TAXI_LABEL = LabelConfig(kind="binary", column="tips", threshold=0.2, relative_to="fare")
 
 
 def test_the_stratify_label_travels_in_the_custom_config_as_the_executor_reads_it():
-    as_json = json_format.MessageToJson(custom_config(["NA"], "abc", {**TAXI_LABEL, "name": "big_tipper"}))
+    named = dataclasses.replace(TAXI_LABEL, name="big_tipper")
+    as_json = json_format.MessageToJson(custom_config(["NA"], "abc", named))
     assert read_stratify_label({standard_component_specs.CUSTOM_CONFIG_KEY: as_json}) == TAXI_LABEL
     assert read_missing_values({standard_component_specs.CUSTOM_CONFIG_KEY: as_json}) == ["NA"]
     assert read_stratify_label({standard_component_specs.CUSTOM_CONFIG_KEY: custom_config([], "abc")}) is None
-
-
-def test_label_class_for_a_string_positive_value_and_for_multiclass():
-    positive = {**TAXI_LABEL, "column": "payment", "relative_to": "", "positive_value": "Card"}
-    assert [label_class(_example(payment=v), positive) for v in ("Card", "Cash", "card")] == ["1", "0", "0"]
-    assert label_class(_example(other=1.0), positive) == "0"
-    multiclass = {**TAXI_LABEL, "kind": "multiclass", "column": "species", "relative_to": ""}
-    assert [label_class(_example(species=v), multiclass) for v in ("setosa", 2)] == ["setosa", "2"]
-    assert label_class(_example(other=1.0), multiclass) == ""
 
 
 def test_split_cuts_give_each_split_its_share_of_a_class():
@@ -144,7 +103,7 @@ def test_split_cuts_give_each_split_its_share_of_a_class():
     assert split_cuts([5, 5, 5, 9], [1, 2]) == [5], "duplicates stay together"
 
 
-def _run_split(folder, csv: str, label: dict | None) -> dict[str, list[bytes]]:
+def _run_split(folder, csv: str, label: LabelConfig | None) -> dict[str, list[bytes]]:
     """The train, eval and calibration splits (4, 1 and 1 buckets) the ExampleGen executor's Beam graph makes, as
     the bytes TFX's writer writes (write_split.MaybeSerialize)."""
     (folder / "in").mkdir(parents=True)

@@ -23,7 +23,8 @@ from components.tasks import (
     task_metrics,
 )
 from pipeline.pipeline import eval_config
-from settings.config import DEFAULT_CONFIG, TASK_METRICS, ConfigError, ExportConfig, load_config, task_metric
+from settings.config import DEFAULT_CONFIG, ConfigError, ExportConfig, load_config
+from settings.tasks import TASK_METRICS, task_metric
 
 CONFIGS = DEFAULT_CONFIG.parent
 STEP = 1e-4

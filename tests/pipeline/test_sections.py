@@ -105,6 +105,6 @@ def test_example_gen_splits_each_label_class_unless_turned_off_or_regression(tmp
     config = load_config(CONFIGS / config_file, [f"output_root={tmp_path}", *setting])
     example_gen = {node.id: node for node in create_pipeline(config, data_only=True).components}["CsvExampleGen"]
     label = read_stratify_label(example_gen.exec_properties)
-    assert (label and label["kind"]) == kind
+    assert (label and label.kind) == kind
     if kind:
-        assert label["column"] == config.label.column and label["threshold"] == config.label.threshold
+        assert label.column == config.label.column and label.threshold == config.label.threshold

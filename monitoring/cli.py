@@ -81,18 +81,14 @@ def _print_retrain(record: dict) -> None:
 
 
 def monitor_command(args: argparse.Namespace) -> int:
-    from monitoring.logs import LogError, now_utc
-    from monitoring.monitor import MonitorError, monitor, read_record, window_from_arguments
+    from monitoring.logs import now_utc
+    from monitoring.monitor import monitor, read_record, window_from_arguments
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
-    try:
-        now = now_utc()
-        window = window_from_arguments(args.since, args.until, args.last, config.monitoring.window_requests, now)
-        result = monitor(config, window, version=args.version, pushgateway=args.pushgateway, now=now)
-    except (LogError, MonitorError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    now = now_utc()
+    window = window_from_arguments(args.since, args.until, args.last, config.monitoring.window_requests, now)
+    result = monitor(config, window, version=args.version, pushgateway=args.pushgateway, now=now)
     # What is printed is read back from the record the run wrote.
     _print_summary(read_record(result.folder), result.folder)
     if result.push_error:

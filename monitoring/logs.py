@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from settings.errors import UserError
+
 LOG_FILE_PATTERN = re.compile(r"^requests-(?P<start>\d{8}T\d{12}Z)-(?P<writer>\d+)-(?P<seq>\d+)\.tfrecord$")
 START_FORMAT = "%Y%m%dT%H%M%S%fZ"
 # Inputs a model reads as missing (serving/client.py, missing_value): NaN for floats, -1 for integers, "" for strings.
@@ -35,9 +37,11 @@ MISSING_INT = -1
 MISSING_STRING = b""
 
 
-class LogError(ValueError):
+class LogError(UserError, ValueError):
     """The logs cannot give what was asked (no folder, no files, a window that cannot be read); the message says what
     to do."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

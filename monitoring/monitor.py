@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from monitoring import judge as gate
 from monitoring import logs
 from settings.config import MONITORING_THRESHOLDS, PipelineConfig
+from settings.errors import UserError
 from settings.files import TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 
 RECORD_FILE = "monitor.json"
@@ -35,9 +36,11 @@ EXIT_CROSSED = 3
 TOP_VALUES = 20
 
 
-class MonitorError(ValueError):
+class MonitorError(UserError, ValueError):
     """A request `mlops monitor` cannot honour (no logs, a version without training data); the message says what to
     do."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

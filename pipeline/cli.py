@@ -17,27 +17,16 @@ from monitoring import cli as monitoring_cli
 from rollout import cli as rollout_cli
 from rollout import deploy_cli
 from serving import cli as serving_cli
-from settings.arguments import add_config_args
+from settings.arguments import add_config_args, run_command
+from settings.errors import UserError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from components.gates.anomalies import DataValidationError
-    from pipeline.data import DataError
-    from pipeline.runner import PipelineError, run_local
+    from pipeline.runner import run_local
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
-    try:
-        summary = run_local(config, data_only=args.data_only)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except DataValidationError as e:
-        print(f"stopped by the data-validation gate: {e}", file=sys.stderr)
-        return 3
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    summary = run_local(config, data_only=args.data_only)
     _unraisable_to(summary.log_path)
     if args.serve_after and not args.data_only:
         if not summary.pushed_path:
@@ -72,58 +61,36 @@ def _unraisable_to(log_path: str) -> None:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from pipeline.data import DataError
     from pipeline.init.bootstrap import init_project
-    from pipeline.runner import PipelineError
 
     # The command as the user could type it again, for the written files' headers (main may get argv, not sys.argv).
     words = ["mlops", "init", "--data", args.data, "--label", args.label]
     words += ["--output", args.output] if args.output != "." else []
     words += ["--name", args.name] if args.name else []
-    try:
-        init_project(args.data, args.label, args.output, args.name, args.force, command=shlex.join(words))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    init_project(args.data, args.label, args.output, args.name, args.force, command=shlex.join(words))
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from components.distributed.launcher import WorkerFailedError
-    from components.distributed.tfjob import TFJobFailedError
-    from pipeline.training import NoTransformOutputError, train
+    from pipeline.training import train
     from settings.config import load_config
 
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"training.workers={args.workers}")
     config = load_config(args.config, overrides)
-    try:
-        train(config)
-    except NoTransformOutputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (WorkerFailedError, TFJobFailedError) as e:
-        print(f"training failed: {e}", file=sys.stderr)
-        return 1
+    train(config)
     return 0
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from pipeline.kubeflow import KubeflowError, compile_pipeline
+    from pipeline.kubeflow import compile_pipeline
     from pipeline.preflight import check_config
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
-    try:
-        check_config(config)
-        compiled = compile_pipeline(config, args.output)
-    except (KubeflowError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    check_config(config)
+    compiled = compile_pipeline(config, args.output)
     for note in compiled.notes:
         print(f"note: {note}")
     print(f"compiled {len(compiled.tasks)} tasks to {compiled.path}\n  image          {compiled.image}\n"
@@ -156,8 +123,7 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from pipeline.data import DataError
-    from pipeline.kubeflow import KubeflowError, compile_to_temporary, submit
+    from pipeline.kubeflow import compile_to_temporary, submit
     from pipeline.preflight import check_config
     from settings.config import load_config
 
@@ -170,9 +136,8 @@ def _submit(args: argparse.Namespace) -> int:
         run_id, link = submit(package, args.host or config.kubeflow.host, config.kubeflow.experiment,
                               args.run_name or f"{config.name} {time.strftime('%Y-%m-%d %H-%M-%S')}", arguments,
                               config.kubeflow.namespace)
-    except (KubeflowError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001  (the KFP client raises urllib3, ApiException and ValueError alike)
         reason = getattr(e, "reason", None) or str(e).splitlines()[0]
         print(f"error: the KFP API at {args.host or config.kubeflow.host} did not take the run: {reason}",
@@ -246,18 +211,11 @@ def _main(argv: list[str] | None, collect: bool) -> int:
     logging.captureWarnings(True)
     logging.getLogger("py.warnings").addHandler(logging.NullHandler())
     try:
-        code = args.handler(args)
+        code = run_command(args)
         if collect:
             # Collect TensorFlow's function objects while modules still exist, not at interpreter shutdown.
             gc.collect()
         return code
-    except Exception as e:
-        # Only the commands that read a config import settings.config (`mlops predict` does not, to start fast).
-        config_module = sys.modules.get("settings.config")
-        if config_module is None or not isinstance(e, config_module.ConfigError):
-            raise
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import tfx
 
+from settings.errors import UserError
+
 EMBEDDED_TAXI_DIR = Path(tfx.__file__).parent / "examples" / "chicago_taxi_pipeline" / "data" / "simple"
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The data folder or a CSV in it cannot be used; the message names the path and what to do."""
+
+    exit_code = 2
 
 
 def resolve_data_dir(path: str, output_root: str = "outputs") -> Path:

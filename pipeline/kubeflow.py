@@ -26,6 +26,7 @@ from components import artifacts
 from pipeline.data import EMBEDDED_TAXI_DIR
 from pipeline.init.datasets import is_bundled
 from settings.config import KubeflowTaskConfig, PipelineConfig, quantity
+from settings.errors import UserError
 
 # The Dockerfile's layout: the repository at WORKDIR, the locked environment in a virtualenv.
 IMAGE_PROJECT_ROOT = "/app"
@@ -38,8 +39,10 @@ FORM_BASELINES = {".yaml": "stable", ".json": "latest_blessed"}
 UNCACHED_TASKS = ("ServingBaseline",)
 
 
-class KubeflowError(ValueError):
+class KubeflowError(UserError, ValueError):
     """The config or the command cannot make a Kubeflow pipeline; the message says what to set."""
+
+    exit_code = 2
 
 
 @dataclass

@@ -16,10 +16,13 @@ from pipeline.local.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorke
 from pipeline.preflight import check_config
 from pipeline.summary import RunSummary, latest_run, write_report
 from settings.config import PipelineConfig
+from settings.errors import UserError
 
 
-class PipelineError(RuntimeError):
+class PipelineError(UserError, RuntimeError):
     """A stage failed for a reason other than the data gate; the message names the stage and the log."""
+
+    exit_code = 1
 
 
 def _find_cause(error: BaseException, kind: type) -> BaseException | None:

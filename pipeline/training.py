@@ -12,10 +12,13 @@ from components.distributed.spec import WorkerSpec
 from pipeline import metadata
 from pipeline.pipeline import RUN_FN, TRANSFORM_NODE, trainer_custom_config
 from settings.config import PipelineConfig
+from settings.errors import UserError
 
 
-class NoTransformOutputError(LookupError):
+class NoTransformOutputError(UserError, LookupError):
     """The pipeline has not run Transform yet; the message says to run it first."""
+
+    exit_code = 2
 
 
 @dataclass

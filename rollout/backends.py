@@ -13,12 +13,15 @@ from pathlib import Path
 from rollout.metrics import MetricsSource
 from rollout.state import LocalStateStore, StateStore
 from serving.model_repository import ModelRepository, RepositoryError
+from settings.errors import UserError
 
 TRACKS = ("stable", "canary")
 
 
-class BackendError(RuntimeError):
+class BackendError(UserError, RuntimeError):
     """The backend cannot do what the rollout needs (a server or object is missing); the message says what to do."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -131,11 +131,7 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
 
 
 def rollout_command(args: argparse.Namespace) -> int:
-    from rollout.backends import BackendError
-    from rollout.controller import RolloutError
     from rollout.factory import build_controller
-    from rollout.state import ControllerBusyError, StateConflictError
-    from rollout.verify import GoldenDataError
     from serving.model_repository import RepositoryError
     from settings.config import load_config
 
@@ -155,8 +151,7 @@ def rollout_command(args: argparse.Namespace) -> int:
             record = controller.promote(wait_retain=not args.no_wait)
         else:
             record = controller.rollback()
-    except (RolloutError, BackendError, RepositoryError, GoldenDataError, ControllerBusyError,
-            StateConflictError) as e:
+    except RepositoryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     outcome = record.get("outcome")

@@ -29,14 +29,17 @@ from rollout.report import report_paths, write_report
 from rollout.skew import SkewCheck, SkewCheckError, describe_feature
 from rollout.state import Holding, StateConflictError
 from rollout.verify import Verifier
+from settings.errors import UserError
 
 STABLE, CANARY = "stable", "canary"
 ROLLBACK_PHASES = ("rollback_route", "rollback_canary_load", "rollback_canary_label", "revert_label", "revert_unload")
 PHASES = ("load", "label", "verify", "promote_load", "promote_label", "promote_route", "retain", *ROLLBACK_PHASES)
 
 
-class RolloutError(RuntimeError):
+class RolloutError(UserError, RuntimeError):
     """A rollout command that cannot be carried out as asked; the message says what to do instead."""
+
+    exit_code = 2
 
 
 class WaitFailed(RuntimeError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 
 
@@ -51,14 +50,10 @@ def deploy_command(args: argparse.Namespace) -> int:
                   f"{target['last_error']}")
         print(f"prometheus   {report['prometheus']}  {report.get('targets_error', '')}")
         return 0
-    try:
-        stack = local_stack.start(
-            base, config.model_name, settings.stack_dir, settings.servers_per_track, settings.router_rest_port,
-            settings.router_grpc_port, settings.prometheus_port, config.rollout.prometheus.scrape_interval_seconds,
-            config.rollout.prometheus.track_label, config_args=serve_config_args(args.config, args.overrides))
-    except local_stack.StackError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    stack = local_stack.start(
+        base, config.model_name, settings.stack_dir, settings.servers_per_track, settings.router_rest_port,
+        settings.router_grpc_port, settings.prometheus_port, config.rollout.prometheus.scrape_interval_seconds,
+        config.rollout.prometheus.track_label, config_args=serve_config_args(args.config, args.overrides))
     for server in stack.servers:
         print(f"{server.name:<10} mlops serve pid {server.pid}: REST {server.rest}  gRPC {server.grpc}; "
               f"{server.request_log or 'request logging not reported'}")

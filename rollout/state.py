@@ -16,11 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from settings.errors import UserError
+
 EMPTY = {"current": None, "history": []}
 
 
-class StateConflictError(RuntimeError):
+class StateConflictError(UserError, RuntimeError):
     """Someone else wrote the rollout state since it was read; read it again."""
+
+    exit_code = 2
 
 
 class Holding:
@@ -46,8 +50,10 @@ class StateStore(ABC):
         raises ControllerBusyError naming the holder and since when it holds the lock."""
 
 
-class ControllerBusyError(RuntimeError):
+class ControllerBusyError(UserError, RuntimeError):
     """Another controller is running this model's rollout."""
+
+    exit_code = 2
 
 
 def busy_message(holder: str, held_s: float, waited_s: float) -> str:

@@ -19,10 +19,13 @@ from typing import Any
 
 from rollout.backends import Backend, Endpoint
 from rollout.metrics import MetricsError, Snapshot, window_figures
+from settings.errors import UserError
 
 
-class GoldenDataError(ValueError):
+class GoldenDataError(UserError, ValueError):
     """No golden rows could be read; the message names the path to fix."""
+
+    exit_code = 2
 
 
 def _csv_rows(path: Path, count: int) -> list[dict[str, Any]]:

@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.cli")
     register(parser.add_subparsers(dest="command", required=True), arguments.add_config_args)
     args = parser.parse_args(argv)
-    return args.handler(args)
+    return arguments.run_command(args)
 
 
 if __name__ == "__main__":

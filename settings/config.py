@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from settings.errors import UserError
 from settings.tasks import TASK_METRICS, TaskKind, task_metric
 
 if typing.TYPE_CHECKING:
@@ -24,8 +25,11 @@ if typing.TYPE_CHECKING:
 DEFAULT_CONFIG = Path(__file__).parent.parent / "pipeline" / "configs" / "taxi.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration a user wrote is wrong; the message says which key and what is allowed."""
+
+    exit_code = 2
+    prefix = "config error"
 
 
 # The fields a date or timestamp format can name, as strptime writes them.

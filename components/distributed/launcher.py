@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.distributed.cluster import free_ports, tf_config
+from settings.errors import UserError
 
 HOST = "127.0.0.1"
 TAIL_LINES = 40
@@ -32,8 +33,11 @@ TERMINATE_GRACE_SECONDS = 5.0
 LineSink = Callable[[int, str], None]
 
 
-class WorkerFailedError(RuntimeError):
+class WorkerFailedError(UserError, RuntimeError):
     """A worker failed in a way a restart would not fix, or the restarts ran out; the message has its log tail."""
+
+    exit_code = 1
+    prefix = "training failed"
 
 
 @dataclass

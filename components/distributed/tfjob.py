@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from settings.config import TFJobConfig
+from settings.errors import UserError
 
 # operator -> (API group, version)
 APIS = {"kubeflow": ("kubeflow.org", "v1"), "kubedl": ("training.kubedl.io", "v1alpha1")}
@@ -31,8 +32,11 @@ FINISHED = ("Succeeded", "Failed")
 IMAGE_USER_ID = 10001
 
 
-class TFJobFailedError(RuntimeError):
+class TFJobFailedError(UserError, RuntimeError):
     """The TFJob failed, could not be created, or did not finish in time; the message says what to do."""
+
+    exit_code = 1
+    prefix = "training failed"
 
 
 def _quantities(settings: TFJobConfig) -> dict[str, str]:

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 
+from settings.errors import UserError
+
 
 @dataclass(frozen=True)
 class Anomaly:
@@ -16,8 +18,11 @@ class Anomaly:
         return f"[{self.split}] {self.feature}: {self.reason}"
 
 
-class DataValidationError(RuntimeError):
+class DataValidationError(UserError, RuntimeError):
     """The data broke the schema; carries each anomaly and where the full report is."""
+
+    exit_code = 3
+    prefix = "stopped by the data-validation gate"
 
     def __init__(self, anomalies: list[Anomaly], report_path: str):
         self.anomalies = anomalies

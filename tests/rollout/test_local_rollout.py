@@ -178,9 +178,9 @@ def test_a_controller_killed_at_every_step_finishes_the_same_way(fleet):
 
 def _cli(fleet, *argv: str) -> int:
     from pipeline.cli import build_parser
+    from settings.arguments import run_command
 
-    args = build_parser().parse_args([*argv, *[a for o in overrides(fleet) for a in ("--set", o)]])
-    return args.handler(args)
+    return run_command(build_parser().parse_args([*argv, *[a for o in overrides(fleet) for a in ("--set", o)]]))
 
 
 def _alter_a_published_file(fleet, version: int) -> str:

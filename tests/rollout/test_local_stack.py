@@ -267,14 +267,15 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
 
 def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
     from pipeline.cli import build_parser
+    from settings.arguments import run_command
 
     args = build_parser().parse_args(["deploy", "local", "--status", *[a for o in overrides(stack)
                                                                        for a in ("--set", o)]])
-    assert args.handler(args) == 0
+    assert run_command(args) == 0
     out = capsys.readouterr().out
     assert "router" in out and "canary 0%" in out and out.count(" up ") == 2, out
     args = build_parser().parse_args(["deploy", "local", *[a for o in overrides(stack) for a in ("--set", o)]])
-    assert args.handler(args) == 2
+    assert run_command(args) == 2
     assert "already runs" in capsys.readouterr().err
 
 

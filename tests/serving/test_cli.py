@@ -13,14 +13,14 @@ import pytest
 
 from pipeline.cli import build_parser
 from serving.demo import serve_and_predict
+from settings.arguments import run_command
 from tests.serving.conftest import MODEL, ROW, expected_probability, http_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def mlops(*argv: str) -> int:
-    args = build_parser().parse_args(list(argv))
-    return args.handler(args)
+    return run_command(build_parser().parse_args(list(argv)))
 
 
 def test_predict_json_over_rest_by_label(server, capsys):

@@ -128,6 +128,7 @@ demo: setup
 
 # The suite, then the image: built from the Dockerfile and run (image-test, below).
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) image-test
 

@@ -12,16 +12,18 @@ from rollout.local_stack import running_stack
 from rollout.prometheus import PrometheusSource, source_for
 from rollout.skew import SkewCheck
 from rollout.verify import Limits, Verifier, load_golden_rows
+from settings.config import PipelineConfig, RolloutKubeDLConfig, RolloutKubernetesConfig, RolloutLocalConfig
 
 
-def _endpoints(section) -> dict[str, list[Endpoint]]:
+def _endpoints(section: RolloutLocalConfig | RolloutKubernetesConfig | RolloutKubeDLConfig
+               ) -> dict[str, list[Endpoint]]:
     return {
         "stable": [Endpoint(r, g) for r, g in zip(section.stable_rest, section.stable_grpc, strict=True)],
         "canary": [Endpoint(r, g) for r, g in zip(section.canary_rest, section.canary_grpc, strict=True)],
     }
 
 
-def build_backend(config) -> Backend:
+def build_backend(config: PipelineConfig) -> Backend:
     rollout = config.rollout
     metrics = source_for(rollout.prometheus)
     if rollout.backend == "local":
@@ -51,7 +53,8 @@ def build_backend(config) -> Backend:
                               metrics=metrics)
 
 
-def build_controller(config, backend: Backend | None = None, log: Callable[[str], None] = print) -> Controller:
+def build_controller(config: PipelineConfig, backend: Backend | None = None,
+                     log: Callable[[str], None] = print) -> Controller:
     rollout = config.rollout
     backend = backend or build_backend(config)
     limits = Limits(rollout.max_abs_diff, rollout.max_error_rate, rollout.max_p99_ms, rollout.window_seconds,
@@ -73,7 +76,7 @@ def build_controller(config, backend: Backend | None = None, log: Callable[[str]
                       skew_check=skew_check(config))
 
 
-def skew_check(config) -> SkewCheck | None:
+def skew_check(config: PipelineConfig) -> SkewCheck | None:
     """The check rollout.skew_check asks for: the servers' request logs against each candidate's own training data
     (the schema and statistics the Publisher copies into its version folder), at the monitoring thresholds."""
     if not config.rollout.skew_check:
@@ -85,7 +88,7 @@ def skew_check(config) -> SkewCheck | None:
                      logging_enabled=config.serving.request_log.enabled)
 
 
-def report_dir(config) -> str:
+def report_dir(config: PipelineConfig) -> str:
     """Where finished rollouts land as JSON and HTML: beside the local state file, else under the output root (the
     cluster backends keep their state in a ConfigMap); any folder or URI tf.io.gfile serves."""
     if config.rollout.backend == "local":

@@ -31,6 +31,7 @@ from rollout.state import (
     busy_message,
 )
 from serving.model_repository import parse_model_server_config
+from settings.config import RolloutKubeDLConfig, RolloutKubernetesConfig
 
 CONFIG_KEY = "models.config"
 GATEWAY = ("gateway.networking.k8s.io", "v1")
@@ -312,7 +313,8 @@ class KubernetesBackend(_PodsMixin, Backend):
 
     name = "kubernetes"
 
-    def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
+    def __init__(self, settings: RolloutKubernetesConfig, model: str, endpoints: dict[str, list[Endpoint]],
+                 timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
                  metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)
@@ -460,7 +462,8 @@ class KubeDLBackend(_PodsMixin, Backend):
     TRACK_INDEX = {"stable": 0, "canary": 1}
     REST_PORT, GRPC_PORT = 8080, 9000
 
-    def __init__(self, settings, model: str, endpoints: dict[str, list[Endpoint]], timeout_s: float,
+    def __init__(self, settings: RolloutKubeDLConfig, model: str, endpoints: dict[str, list[Endpoint]],
+                 timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
                  metrics: MetricsSource | None = None) -> None:
         api = api or api_client(settings.kubeconfig)

@@ -164,7 +164,7 @@ def main() -> int:
 
     from pipeline.data import EMBEDDED_TAXI_DIR
     from serving.client import rows_to_columns
-    from serving.model_repository import list_versions
+    from serving.repository.base import list_versions
 
     scratch = Path(tempfile.mkdtemp(prefix="request_log_benchmark_"))
     base_path = (args.model_base_path or save_taxi_shaped_model(scratch / "model")).resolve()

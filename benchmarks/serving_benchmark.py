@@ -521,7 +521,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from pipeline.data import EMBEDDED_TAXI_DIR
     from serving.client import rows_to_columns
-    from serving.model_repository import list_versions
+    from serving.repository.base import list_versions
 
     base_path = args.model_base_path.resolve()
     versions = list_versions(base_path)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rollout.metrics import MetricsSource
 from rollout.state import LocalStateStore, StateStore
-from serving.model_repository import ModelRepository, RepositoryError
+from serving.repository.base import RepositoryError
+from serving.repository.local import ModelRepository
 
 TRACKS = ("stable", "canary")
 

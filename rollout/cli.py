@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction,
 def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     """One row per published version: blessing, task kind, export verdict, checksum state, labels and serving
     tracks."""
-    from serving.model_repository import TRACK_CONFIG_FILES, open_repository
+    from serving.repository.base import TRACK_CONFIG_FILES
+    from serving.repository.factory import open_repository
 
     repository = open_repository(base_dir)
     tracks = {track: open_repository(base_dir, track) for track in TRACK_CONFIG_FILES}
@@ -73,7 +74,7 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
 
 
 def versions_command(args: argparse.Namespace) -> int:
-    from serving.model_repository import RepositoryError
+    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -134,7 +135,7 @@ def rollout_command(args: argparse.Namespace) -> int:
     from rollout.factory import build_controller
     from rollout.state import ControllerBusyError, StateConflictError
     from rollout.verify import GoldenDataError
-    from serving.model_repository import RepositoryError
+    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)

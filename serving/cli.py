@@ -217,7 +217,7 @@ def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, s
 def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event,
                 request_log_settings: RequestLogConfig, request_log_dir: str) -> int:
     from serving.model_manager import ConfigError
-    from serving.model_repository import RepositoryError, validate_model_name
+    from serving.repository.base import RepositoryError, validate_model_name
     from serving.request_log import open_request_logger
     from serving.server import ModelServer
 
@@ -334,7 +334,7 @@ def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[li
 def read_request_record(repository: str | None, model: str, version: int) -> dict:
     """The `request` record of a published version (its data.missing_values and label columns), from
     publication.json in `repository` (outputs/serving when None and it holds the model); empty when not found."""
-    from serving.model_repository import open_repository
+    from serving.repository.factory import open_repository
 
     base = repository or "outputs/serving"
     if repository is None and not (Path(base) / model).is_dir():

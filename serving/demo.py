@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from serving.client import GrpcClient, RestClient, format_prediction
-from serving.model_repository import ModelRepository, validate_model_name
+from serving.repository.base import validate_model_name
+from serving.repository.local import ModelRepository
 
 STABLE_LABEL = "stable"
 

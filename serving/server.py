@@ -29,9 +29,9 @@ from serving.batching import BatchingParameters, BatchScheduler, scheduler_for
 from serving.grpc_api import GrpcServer
 from serving.limits import AdmissionControl
 from serving.model_manager import ConfigError, ModelManager, single_model_config
-from serving.model_repository import RepositoryError, parse_model_server_config
 from serving.monitoring import RequestMetrics
 from serving.predictor import Predictor
+from serving.repository.base import RepositoryError, parse_model_server_config
 from serving.request_log import RequestLogger
 from serving.rest_api import RestApi, RestApp, RestServer, bind_socket
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline import cli
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from tests.conftest import init_and_run
 
 SMALL = ["training.train_steps=400", "training.steps_per_epoch=50", "training.eval_steps=5",

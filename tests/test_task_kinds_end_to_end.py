@@ -12,7 +12,7 @@ import tensorflow as tf
 from pipeline import cli
 from pipeline.runner import run_local
 from serving.client import GrpcClient, RestClient, format_prediction
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from settings.config import DEFAULT_CONFIG, load_config
 from tests.browser import render
 from tests.conftest import as_cli_flags

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from monitoring.monitor import Window, monitor
 from serving.client import GrpcClient, RestClient
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from serving.request_log import RequestLogger
 from settings.config import RequestLogConfig, load_config
 from tests.monitoring.conftest import MODEL

@@ -21,7 +21,8 @@ import yaml
 from google.protobuf import text_format
 
 from rollout import local_stack
-from serving.model_repository import ModelRepository, read_model_server_config
+from serving.repository.base import read_model_server_config
+from serving.repository.local import ModelRepository
 from serving.server import ModelServer
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, REPO_ROOT
 from tests.rollout.fake_apiserver import FakeApiServer

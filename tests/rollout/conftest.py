@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from tests.serving.conftest import save_tiny_model
 
 MODEL = "tiny"

@@ -18,7 +18,7 @@ from rollout.factory import build_backend, build_controller
 from rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
 from rollout.prometheus import PrometheusError, PrometheusSource
 from rollout.report import traffic_of, write_report
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from settings.config import load_config
 from tests.browser import render
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, ROW, answering_version

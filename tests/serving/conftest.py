@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from serving.server import ModelServer
 
 MODEL = "tiny"

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from serving.client import GrpcClient, RestClient
 from serving.errors import ServingRequestError
 from serving.model_manager import FailedLoad, ModelManager, load_retry_due, single_model_config
-from serving.model_repository import ModelRepository, write_model_server_config
+from serving.repository.base import write_model_server_config
+from serving.repository.local import ModelRepository
 from serving.servable import ServableLoadError
 from serving.server import ModelServer
 from tests.serving.conftest import MODEL, ROW, copy_export, http_json, version_answering, wait_for

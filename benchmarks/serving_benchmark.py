@@ -235,7 +235,7 @@ def load_signature(export_dir: Path):
     from google.protobuf import json_format
 
     from serving.client import parse_signature_defs
-    from serving.servable import read_signature_defs
+    from serving.server.servable import read_signature_defs
 
     signature_defs = read_signature_defs(export_dir)
     as_dict = json_format.MessageToDict(signature_defs, preserving_proto_field_name=True)

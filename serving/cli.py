@@ -164,7 +164,7 @@ def serve_command(args: argparse.Namespace) -> int:
             return _usage_error(f"{flag} must be at least 1")
     batching = None
     if args.enable_batching:
-        from serving.batching import BatchingConfigError, BatchingParameters, read_batching_parameters
+        from serving.server.batching import BatchingConfigError, BatchingParameters, read_batching_parameters
 
         try:
             batching = (read_batching_parameters(args.batching_parameters_file) if args.batching_parameters_file
@@ -216,10 +216,10 @@ def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, s
 
 def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event,
                 request_log_settings: RequestLogConfig, request_log_dir: str) -> int:
-    from serving.model_manager import ConfigError
     from serving.repository.base import RepositoryError, validate_model_name
-    from serving.request_log import open_request_logger
-    from serving.server import ModelServer
+    from serving.server.model_manager import ConfigError
+    from serving.server.model_server import ModelServer
+    from serving.server.request_log import open_request_logger
 
     options = {**options, "request_logger": open_request_logger(request_log_settings, request_log_dir)}
     try:
@@ -262,8 +262,8 @@ def log_proxy_command(args: argparse.Namespace) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from serving.log_proxy import LogProxy
-    from serving.request_log import open_request_logger
+    from serving.server.log_proxy import LogProxy
+    from serving.server.request_log import open_request_logger
 
     try:
         proxy = LogProxy(args.upstream_rest, args.upstream_grpc, args.host, args.rest_port, args.grpc_port,

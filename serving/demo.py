@@ -19,7 +19,7 @@ def serve_and_predict(serving_base_dir: str, model_name: str, row: Mapping[str, 
 
     Raises FileNotFoundError when no version of `model_name` is served there yet.
     """
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     repository = ModelRepository(serving_base_dir)
     stable = repository.labels(validate_model_name(model_name)).get(STABLE_LABEL)

@@ -107,7 +107,7 @@ def test_the_published_version_records_its_task(run):
 
 
 def test_the_published_model_answers_over_rest_and_grpc_as_the_saved_model_does(run, capsys):
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     config, summary, data = run
     rows = request_rows(config, data, 12)

@@ -35,8 +35,8 @@ def routes(request) -> dict[str, list[dict]]:
 
 
 def rest_requests() -> list[HttpRequest]:
-    """What serving/client.py's RestClient sends (its own path builder), the REST verbs TF Serving has, and the
-    report page's curl example."""
+    """What serving/client.py's RestClient sends (its own path builder), the REST verbs TF Serving has,
+    and the report page's curl example."""
     from pipeline.report_page import rest_example
     from serving.client import RestClient
 
@@ -153,7 +153,8 @@ def stub_paths() -> dict[str, dict[str, str]]:
 
 
 def grpc_methods_the_client_calls() -> set[tuple[str, str]]:
-    """The stub methods serving/client.py's GrpcClient calls (`self._prediction.Predict`...), as (service, method)."""
+    """The stub methods serving/client.py's GrpcClient calls (`self._prediction.Predict`...), as
+    (service, method)."""
     import ast
 
     paths = stub_paths()

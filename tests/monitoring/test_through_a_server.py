@@ -7,7 +7,7 @@ from __future__ import annotations
 from monitoring.monitor import Window, monitor
 from serving.client import GrpcClient, RestClient
 from serving.repository.local import ModelRepository
-from serving.request_log import RequestLogger
+from serving.server.request_log import RequestLogger
 from settings.config import RequestLogConfig, load_config
 from tests.monitoring.conftest import MODEL
 from tests.monitoring.test_monitor import shifted

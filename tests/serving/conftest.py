@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from serving.repository.local import ModelRepository
-from serving.server import ModelServer
+from serving.server.model_server import ModelServer
 
 MODEL = "tiny"
 # Each version's bias: far enough apart that a response tells which version answered.

@@ -101,7 +101,7 @@ def test_predict_csv_with_more_fields_than_the_header_is_a_usage_error(server, t
 
 
 def test_serve_handles_sigterm_before_the_ports_open(repository, monkeypatch, capsys):
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     before = signal.getsignal(signal.SIGTERM)
     seen_at_start = []

@@ -17,7 +17,7 @@ from tensorflow_serving.apis import (
 )
 
 from serving.repository.base import read_model_server_config
-from serving.servable import Signature
+from serving.server.servable import Signature
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, wait_for
 
 

@@ -1,4 +1,5 @@
-"""serving/protos.py: TF Serving's messages built from the installed modules' descriptors give the official bytes."""
+"""serving/protos.py: TF Serving's messages built from the installed modules' descriptors give the official
+bytes."""
 from __future__ import annotations
 
 import math

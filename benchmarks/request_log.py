@@ -163,7 +163,7 @@ def main() -> int:
     import grpc
 
     from pipeline.data import EMBEDDED_TAXI_DIR
-    from serving.client import rows_to_columns
+    from serving.clients import rows_to_columns
     from serving.repository.base import list_versions
 
     scratch = Path(tempfile.mkdtemp(prefix="request_log_benchmark_"))

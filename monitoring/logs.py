@@ -30,7 +30,7 @@ import pyarrow as pa
 
 LOG_FILE_PATTERN = re.compile(r"^requests-(?P<start>\d{8}T\d{12}Z)-(?P<writer>\d+)-(?P<seq>\d+)\.tfrecord$")
 START_FORMAT = "%Y%m%dT%H%M%S%fZ"
-# Inputs a model reads as missing (serving/client.py, missing_value): NaN for floats, -1 for integers, ""
+# Inputs a model reads as missing (serving/clients/values.py, missing_value): NaN for floats, -1 for integers, ""
 # for strings.
 MISSING_INT = -1
 MISSING_STRING = b""

@@ -351,7 +351,7 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
     """CSV rows as the model takes them, and notes for the user: columns the model does not take are left out (a
     label named as such), cells holding the version's missing-value markers become empty, and a value the model
     cannot take is refused with its line, row and column (ValueError)."""
-    from serving.client import InvalidInputError, convert_value
+    from serving.clients import InvalidInputError, convert_value
 
     notes = []
     header = list(rows[0]) if rows else []
@@ -382,7 +382,7 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from serving.client import ServingError, connect, format_prediction
+    from serving.clients import ServingError, connect, format_prediction
 
     try:
         rows, lines = read_rows_and_lines(args.json_rows, args.csv)

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from serving.client import GrpcClient, RestClient, format_prediction
+from serving.clients import GrpcClient, RestClient, format_prediction
 from serving.repository.base import validate_model_name
 from serving.repository.local import ModelRepository
 

@@ -82,7 +82,7 @@ def test_the_run_derives_the_date_parts_and_every_format_agrees(project):
 
 
 def test_the_published_version_takes_the_raw_text_over_rest_and_grpc(project, capsys):
-    from serving.client import GrpcClient, RestClient
+    from serving.clients import GrpcClient, RestClient
     from serving.server.model_server import ModelServer
 
     config, summary, data = project

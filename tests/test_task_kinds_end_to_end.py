@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from pipeline import cli
 from pipeline.runner import run_local
-from serving.client import GrpcClient, RestClient, format_prediction
+from serving.clients import GrpcClient, RestClient, format_prediction
 from serving.repository.local import ModelRepository
 from settings.config import DEFAULT_CONFIG, load_config
 from tests.browser import render

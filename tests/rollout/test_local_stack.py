@@ -62,7 +62,7 @@ class RouterClient(threading.Thread):
         self.results: list[tuple[int, int, str, int | None, str]] = []
 
     def run(self) -> None:
-        from serving.client import GrpcClient, RestClient
+        from serving.clients import GrpcClient, RestClient
 
         canary = self.router.servers["canary"][0]
         with RestClient(self.stack.router_rest, retries=0) as rest, \
@@ -279,7 +279,7 @@ def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
 
 
 def test_the_stacks_servers_log_what_they_answer_through_the_router(stack):
-    from serving.client import GrpcClient, RestClient
+    from serving.clients import GrpcClient, RestClient
     from tests.serving.test_request_log import records as logged
 
     started = stack["stack"]

@@ -8,7 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
-from serving.client import GrpcClient, RestClient
+from serving.clients import GrpcClient, RestClient
 from serving.repository.base import write_model_server_config
 from serving.repository.local import ModelRepository
 from serving.server.errors import ServingRequestError

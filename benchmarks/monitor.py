@@ -78,7 +78,7 @@ def prepare(root: Path, requests: int, rows_per_request: int) -> dict[str, str]:
 
     from components.publisher.publish import TrainingData, publish_model
     from monitoring.logs import WindowStatistics
-    from serving.request_log import log_file_name
+    from serving.server.request_log import log_file_name
     from settings.config import load_config
 
     config = load_config(None, [f"output_root={root}"])

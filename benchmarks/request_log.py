@@ -69,7 +69,7 @@ def save_taxi_shaped_model(export_dir: Path) -> Path:
 
 def log_counts(server: ServerProcess, model: str) -> dict[str, float]:
     from rollout.metrics import parse_prometheus_text
-    from serving.monitoring import REQUEST_LOG_COUNT
+    from serving.server.monitoring import REQUEST_LOG_COUNT
 
     with urllib.request.urlopen(f"http://{server.rest_target}/monitoring/prometheus/metrics", timeout=10) as page:
         samples = parse_prometheus_text(page.read().decode())
@@ -87,7 +87,7 @@ def writer_cost_us(scratch: Path, model: str, inputs: dict, request: bytes, resp
 
     import numpy as np
 
-    from serving.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays
+    from serving.server.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays
     from settings.config import RequestLogConfig
 
     outputs = {"probabilities": np.array([0.25], np.float32)}
@@ -163,8 +163,8 @@ def main() -> int:
     import grpc
 
     from pipeline.data import EMBEDDED_TAXI_DIR
-    from serving.client import rows_to_columns
-    from serving.model_repository import list_versions
+    from serving.clients import rows_to_columns
+    from serving.repository.base import list_versions
 
     scratch = Path(tempfile.mkdtemp(prefix="request_log_benchmark_"))
     base_path = (args.model_base_path or save_taxi_shaped_model(scratch / "model")).resolve()

@@ -4,7 +4,7 @@ The server runs in a subprocess (`python -m serving.cli serve`), and so do the c
 spread over `--client-processes` processes (4 by default; threads of one process share its GIL), each client with its
 own keep-alive connection (a REST connection, or a gRPC channel with its own subchannel: grpc's default would put all
 of a process's channels on one connection), as separate users' clients would be. Every client sends the same
-pre-built single-row request (the body `serving.client` would send) as fast as it can; the figures are the server's,
+pre-built single-row request (the body `serving.clients` would send) as fast as it can; the figures are the server's,
 not the client's row conversion. Each cell also reports the CPU time the server and the clients spent per request
 over its window, and how busy the whole machine was: on a machine the clients share with the server, that tells
 which of them ran out of CPU.
@@ -234,8 +234,8 @@ def _status_kib(pid: int, field: str) -> int:
 def load_signature(export_dir: Path):
     from google.protobuf import json_format
 
-    from serving.client import parse_signature_defs
-    from serving.servable import read_signature_defs
+    from serving.clients import parse_signature_defs
+    from serving.server.servable import read_signature_defs
 
     signature_defs = read_signature_defs(export_dir)
     as_dict = json_format.MessageToDict(signature_defs, preserving_proto_field_name=True)
@@ -251,13 +251,13 @@ def first_rows(csv_path: Path, count: int) -> list[dict]:
 
 
 def rest_body(columns: dict) -> bytes:
-    """The body `serving.client.RestClient` sends (columnar format)."""
+    """The body `serving.clients.RestClient` sends (columnar format)."""
     inputs = {name: values.tolist() for name, values in columns.items()}
     return json.dumps({"signature_name": "serving_default", "inputs": inputs}, allow_nan=True).encode()
 
 
 def grpc_body(columns: dict, signature, model_name: str) -> bytes:
-    """The PredictRequest `serving.client.GrpcClient` sends, serialized."""
+    """The PredictRequest `serving.clients.GrpcClient` sends, serialized."""
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
     from tensorflow_serving.apis import predict_pb2
@@ -313,7 +313,7 @@ def direct_model_cells(export_dir: Path, signature, rows: list[dict], batches=(1
     import tensorflow as tf
     from tensorflow.core.framework import types_pb2
 
-    from serving.client import rows_to_columns
+    from serving.clients import rows_to_columns
 
     function = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
     cells = []
@@ -520,8 +520,8 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO))
     from pipeline.data import EMBEDDED_TAXI_DIR
-    from serving.client import rows_to_columns
-    from serving.model_repository import list_versions
+    from serving.clients import rows_to_columns
+    from serving.repository.base import list_versions
 
     base_path = args.model_base_path.resolve()
     versions = list_versions(base_path)

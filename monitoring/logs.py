@@ -1,12 +1,12 @@
 """The request logs, read back: which files a window covers, and the TFDV statistics of the requests in them.
 
-A logged model's folder, `<serving.request_log.directory>/<model>/`, holds TFRecord files named
-`requests-<UTC start %Y%m%dT%H%M%S%fZ>-<pid>-<seq>.tfrecord` (serving/request_log.py writes them), so that names sort
-by time. A file holds the requests its
-writer (one process) logged from its start until its next file's start, or, for its newest file, until the file's
-modification time. Each record is TF Serving's `PredictionLog`: a `predict_log` with the `PredictRequest` (one
-TensorProto per raw feature, the batch dimension first) and its response, and `log_metadata` naming the model
-version that answered and the sampling rate. Everything is read through tf.io.gfile, so the folder may be any URI.
+A logged model's folder, `<serving.request_log.directory>/<model>/`, holds TFRecord files named `requests-<UTC start
+%Y%m%dT%H%M%S%fZ>-<pid>-<seq>.tfrecord` (serving/server/request_log.py writes them), so that names sort by time. A file
+holds the requests its writer (one process) logged from its start until its next file's start, or, for its newest file,
+until the file's modification time. Each record is TF Serving's `PredictionLog`: a `predict_log` with the
+`PredictRequest` (one TensorProto per raw feature, the batch dimension first) and its response, and `log_metadata`
+naming the model version that answered and the sampling rate. Everything is read through tf.io.gfile, so the folder may
+be any URI.
 
 A time window reads the files whose span meets it and takes each record by its `log_metadata.timestamp_secs` (when
 the answer was sent); a record without one goes with its file. The statistics are built a file at a time (TFDV's
@@ -32,7 +32,8 @@ from settings.errors import UserError
 
 LOG_FILE_PATTERN = re.compile(r"^requests-(?P<start>\d{8}T\d{12}Z)-(?P<writer>\d+)-(?P<seq>\d+)\.tfrecord$")
 START_FORMAT = "%Y%m%dT%H%M%S%fZ"
-# Inputs a model reads as missing (serving/client.py, missing_value): NaN for floats, -1 for integers, "" for strings.
+# Inputs a model reads as missing (serving/clients/values.py, missing_value): NaN for floats, -1 for integers, ""
+# for strings.
 MISSING_INT = -1
 MISSING_STRING = b""
 

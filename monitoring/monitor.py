@@ -94,7 +94,7 @@ def _progress(out: TextIO) -> logs.Progress:
 
 
 def _read_version_file(config: PipelineConfig, version: int, name: str) -> bytes:
-    from serving.model_repository import open_repository
+    from serving.repository.factory import open_repository
 
     repository = open_repository(config.serving_base_dir)
     if version not in repository.versions(config.model_name):

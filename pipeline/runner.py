@@ -206,7 +206,8 @@ def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:
 
 def _labels_on(config: PipelineConfig, version: int) -> list[str]:
     """The labels the model repository's config points at `version` (empty when it cannot be read)."""
-    from serving.model_repository import RepositoryError, open_repository
+    from serving.repository.base import RepositoryError
+    from serving.repository.factory import open_repository
 
     try:
         labels = open_repository(config.serving_base_dir).labels(config.model_name)

@@ -426,7 +426,7 @@ def rest_example(model_name: str, version: int, row: dict[str, Any], url: str = 
 def grpc_example(model_name: str, version: int, row: dict[str, Any], target: str = GRPC_TARGET) -> str:
     """Python that predicts `row` with one version over TF Serving's gRPC API (the project's client)."""
     features = ",\n".join(f"    {k!r}: {_json_value(v)!r}" for k, v in row.items())
-    return (f"from serving.client import GrpcClient\n\nrow = {{\n{features},\n}}\n"
+    return (f"from serving.clients import GrpcClient\n\nrow = {{\n{features},\n}}\n"
             f"with GrpcClient({target!r}) as client:\n"
             f"    print(client.predict_outputs([row], {model_name!r}, version={version}))")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rollout.metrics import MetricsSource
 from rollout.state import LocalStateStore, StateStore
-from serving.model_repository import ModelRepository, RepositoryError
+from serving.repository.base import RepositoryError
+from serving.repository.local import ModelRepository
 from settings.errors import UserError
 
 TRACKS = ("stable", "canary")
@@ -124,12 +125,12 @@ class LocalBackend(Backend):
             raise BackendError(str(e)) from e
 
     def _rest(self, track: str):
-        from serving.client import RestClient
+        from serving.clients import RestClient
 
         return [RestClient(endpoint.rest, retries=0) for endpoint in self.endpoints(track)]
 
     def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
-        from serving.client import ModelNotFoundError, ServingError
+        from serving.clients import ModelNotFoundError, ServingError
 
         views = []
         for client in self._rest(track):
@@ -144,7 +145,7 @@ class LocalBackend(Backend):
         return views
 
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
-        from serving.client import ServingError
+        from serving.clients import ServingError
 
         # Metadata, as TF Serving's model status ignores a label (see KubernetesBackend's label views).
         versions: list[int | None] = []

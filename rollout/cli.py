@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction,
 def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     """One row per published version: blessing, task kind, export verdict, checksum state, labels and serving
     tracks."""
-    from serving.model_repository import TRACK_CONFIG_FILES, open_repository
+    from serving.repository.base import TRACK_CONFIG_FILES
+    from serving.repository.factory import open_repository
 
     repository = open_repository(base_dir)
     tracks = {track: open_repository(base_dir, track) for track in TRACK_CONFIG_FILES}
@@ -75,7 +76,7 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
 
 
 def versions_command(args: argparse.Namespace) -> int:
-    from serving.model_repository import RepositoryError
+    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -132,7 +133,7 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
 
 def rollout_command(args: argparse.Namespace) -> int:
     from rollout.factory import build_controller
-    from serving.model_repository import RepositoryError
+    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)

@@ -30,7 +30,7 @@ from rollout.state import (
     StateStore,
     busy_message,
 )
-from serving.model_repository import parse_model_server_config
+from serving.repository.base import parse_model_server_config
 from settings.config import RolloutKubeDLConfig, RolloutKubernetesConfig
 
 CONFIG_KEY = "models.config"

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.backends import TRACKS, BackendError, Endpoint
-from serving.monitoring import METRICS_PATH
+from serving.server.monitoring import METRICS_PATH
 
 STACK_FILE = "stack.json"
 BACKENDS = ("rest", "grpc")

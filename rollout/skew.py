@@ -1,6 +1,6 @@
 """The rollout's skew check (rollout.skew_check): before each step, the requests the candidate answered since the
-rollout began, read from the servers' request logs (serving/request_log.py), are judged against the candidate's own
-training statistics and schema by `mlops monitor`'s gate (monitoring/judge.py, the monitoring section's thresholds).
+rollout began, read from the servers' request logs (serving/server/request_log.py), are judged against the candidate's
+own training statistics and schema by `mlops monitor`'s gate (monitoring/judge.py, the monitoring section's thresholds).
 
 A feature past its threshold, or data that breaks the training schema, fails the step as a failed window does: a
 candidate trained on data unlike what it now receives is rolled back, whatever its error rate. Fewer logged requests

@@ -98,7 +98,7 @@ PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]]) -> tuple[float, str]:
     """The largest difference between two answers' numbers over every row and output, and what else differs (rows,
     output names, non-numeric outputs such as class names); "" when nothing does."""
-    from serving.client import numeric_values
+    from serving.clients import numeric_values
 
     if len(answers) != len(reference):
         return math.inf, f"{len(answers)} rows answered for {len(reference)} asked"
@@ -164,7 +164,7 @@ class Verifier:
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
         """Candidate vs stable on every golden row and output, over REST and over gRPC, on every canary server."""
-        from serving.client import ServingError
+        from serving.clients import ServingError
 
         opts = {"timeout": self.limits.timeout_s, "drop_unknown_features": True}
         figures: dict[str, Any] = {"rows": len(self.rows), "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0,
@@ -202,7 +202,7 @@ class Verifier:
     def _send(self, candidate: int) -> tuple[int, list[float]]:
         """Golden rows to the canary servers for window_seconds (REST and gRPC in turn): (requests sent, latencies of
         the ones answered, ms)."""
-        from serving.client import ServingError
+        from serving.clients import ServingError
 
         # No retries: a failed request counts as failed.
         pairs = [self.clients(e, 0) for e in self.backend.endpoints("canary")]
@@ -305,7 +305,7 @@ class Verifier:
 
 
 def _serving_clients(endpoint: Endpoint, retries: int | None) -> tuple[Any, Any]:
-    from serving.client import GrpcClient, RestClient
+    from serving.clients import GrpcClient, RestClient
 
     options = {} if retries is None else {"retries": retries}
     return RestClient(endpoint.rest, **options), GrpcClient(endpoint.grpc, **options)

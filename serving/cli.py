@@ -164,7 +164,7 @@ def serve_command(args: argparse.Namespace) -> int:
             return _usage_error(f"{flag} must be at least 1")
     batching = None
     if args.enable_batching:
-        from serving.batching import BatchingConfigError, BatchingParameters, read_batching_parameters
+        from serving.server.batching import BatchingConfigError, BatchingParameters, read_batching_parameters
 
         try:
             batching = (read_batching_parameters(args.batching_parameters_file) if args.batching_parameters_file
@@ -216,10 +216,10 @@ def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, s
 
 def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event,
                 request_log_settings: RequestLogConfig, request_log_dir: str) -> int:
-    from serving.model_manager import ConfigError
-    from serving.model_repository import RepositoryError, validate_model_name
-    from serving.request_log import open_request_logger
-    from serving.server import ModelServer
+    from serving.repository.base import RepositoryError, validate_model_name
+    from serving.server.model_manager import ConfigError
+    from serving.server.model_server import ModelServer
+    from serving.server.request_log import open_request_logger
 
     options = {**options, "request_logger": open_request_logger(request_log_settings, request_log_dir)}
     try:
@@ -262,8 +262,8 @@ def log_proxy_command(args: argparse.Namespace) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from serving.log_proxy import LogProxy
-    from serving.request_log import open_request_logger
+    from serving.server.log_proxy import LogProxy
+    from serving.server.request_log import open_request_logger
 
     try:
         proxy = LogProxy(args.upstream_rest, args.upstream_grpc, args.host, args.rest_port, args.grpc_port,
@@ -334,7 +334,7 @@ def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[li
 def read_request_record(repository: str | None, model: str, version: int) -> dict:
     """The `request` record of a published version (its data.missing_values and label columns), from
     publication.json in `repository` (outputs/serving when None and it holds the model); empty when not found."""
-    from serving.model_repository import open_repository
+    from serving.repository.factory import open_repository
 
     base = repository or "outputs/serving"
     if repository is None and not (Path(base) / model).is_dir():
@@ -351,7 +351,7 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
     """CSV rows as the model takes them, and notes for the user: columns the model does not take are left out (a
     label named as such), cells holding the version's missing-value markers become empty, and a value the model
     cannot take is refused with its line, row and column (ValueError)."""
-    from serving.client import InvalidInputError, convert_value
+    from serving.clients import InvalidInputError, convert_value
 
     notes = []
     header = list(rows[0]) if rows else []
@@ -382,7 +382,7 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from serving.client import ServingError, connect, format_prediction
+    from serving.clients import ServingError, connect, format_prediction
 
     try:
         rows, lines = read_rows_and_lines(args.json_rows, args.csv)

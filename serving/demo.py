@@ -5,8 +5,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from serving.client import GrpcClient, RestClient, format_prediction
-from serving.model_repository import ModelRepository, validate_model_name
+from serving.clients import GrpcClient, RestClient, format_prediction
+from serving.repository.base import validate_model_name
+from serving.repository.local import ModelRepository
 
 STABLE_LABEL = "stable"
 
@@ -18,7 +19,7 @@ def serve_and_predict(serving_base_dir: str, model_name: str, row: Mapping[str, 
 
     Raises FileNotFoundError when no version of `model_name` is served there yet.
     """
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     repository = ModelRepository(serving_base_dir)
     stable = repository.labels(validate_model_name(model_name)).get(STABLE_LABEL)

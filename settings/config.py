@@ -490,7 +490,7 @@ class RolloutConfig:
 @dataclass
 class RequestLogConfig:
     """Sampled predictions and their answers as TF Serving's PredictionLog TFRecords, written by `mlops serve` and
-    `mlops log-proxy` under <directory>/<model>/ (serving/request_log.py, README "Monitoring")."""
+    `mlops log-proxy` under <directory>/<model>/ (serving/server/request_log.py, README "Monitoring")."""
     enabled: bool = False
     # Any folder or URI tf.io.gfile writes (gs://bucket/logs); empty: <output_root>/request_logs.
     directory: str = ""

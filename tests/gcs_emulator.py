@@ -8,7 +8,7 @@ hosts, terminates TLS with a certificate from a throw-away CA, and forwards each
 leaves 127.0.0.1: the proxy only ever connects to the emulator.
 
 The emulator ignores GCS's preconditions (`ifGenerationMatch`), which the model repository on gs:// relies on
-(serving/gcs_repository.py), so google-cloud-storage reaches it through a plain-HTTP front that answers an upload
+(serving/repository/gcs.py), so google-cloud-storage reaches it through a plain-HTTP front that answers an upload
 whose precondition fails with 412 Precondition Failed, as GCS does (simple and multipart uploads, copies and
 rewrites; a resumable upload passes unchecked).
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline import cli
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from tests.conftest import init_and_run
 
 SMALL = ["training.train_steps=400", "training.steps_per_epoch=50", "training.eval_steps=5",
@@ -82,8 +82,8 @@ def test_the_run_derives_the_date_parts_and_every_format_agrees(project):
 
 
 def test_the_published_version_takes_the_raw_text_over_rest_and_grpc(project, capsys):
-    from serving.client import GrpcClient, RestClient
-    from serving.server import ModelServer
+    from serving.clients import GrpcClient, RestClient
+    from serving.server.model_server import ModelServer
 
     config, summary, data = project
     with open(data / "rides.csv", newline="") as f:

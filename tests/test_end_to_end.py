@@ -163,8 +163,8 @@ def test_run_reports_render_in_a_headless_browser(first_and_second_run):
 
 def test_the_reports_call_examples_answer_from_the_published_version(first_and_second_run, capsys):
     from reports.run_page import grpc_example, rest_example
-    from serving.model_repository import ModelRepository
-    from serving.server import ModelServer
+    from serving.repository.local import ModelRepository
+    from serving.server.model_server import ModelServer
 
     config, first, _ = first_and_second_run
     model, version, row = config.model_name, first.published_version, first.serving["row"]

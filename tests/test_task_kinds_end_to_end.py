@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from pipeline import cli
 from pipeline.runner import run_local
-from serving.client import GrpcClient, RestClient, format_prediction
-from serving.model_repository import ModelRepository
+from serving.clients import GrpcClient, RestClient, format_prediction
+from serving.repository.local import ModelRepository
 from settings.config import DEFAULT_CONFIG, load_config
 from tests.browser import render
 from tests.conftest import as_cli_flags
@@ -107,7 +107,7 @@ def test_the_published_version_records_its_task(run):
 
 
 def test_the_published_model_answers_over_rest_and_grpc_as_the_saved_model_does(run, capsys):
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     config, summary, data = run
     rows = request_rows(config, data, 12)

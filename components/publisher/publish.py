@@ -3,7 +3,7 @@
 The source is a pipeline artifact, read through tf.io.gfile (local, gs://, ...). The repository is a local folder
 (or a mounted volume), where staging and an atomic rename make a version appear complete or not at all, or gs://
 (on Kubeflow: `<kubeflow.output_root>/serving`), where staging, a claimed number and a MANIFEST.json created last
-do (serving/gcs_repository.py); any other URI is refused, never written to the local disk. The same model published
+do (serving/repository/gcs.py); any other URI is refused, never written to the local disk. The same model published
 twice (a retried or re-executed component) is the same version, not a new one.
 
 Beside the model, a version carries the schema and the training split's statistics it was trained on, in
@@ -20,14 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.model_repository import (
-    PUBLICATION_FILE,
-    TRACK_CONFIG_FILES,
-    RepositoryError,
-    content_digest,
-    file_sha256,
-    open_repository,
-)
+from serving.repository.base import PUBLICATION_FILE, TRACK_CONFIG_FILES, RepositoryError, content_digest, file_sha256
+from serving.repository.factory import open_repository
 from settings.files import EXPORT_REPORT_JSON, TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from absl import logging
 
 from components import artifacts
-from serving.model_repository import RepositoryError, open_repository
+from serving.repository.base import RepositoryError
+from serving.repository.factory import open_repository
 
 STABLE = "stable"
 PUBLISHED_BLESSED = "published_blessed"

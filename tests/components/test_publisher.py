@@ -12,7 +12,8 @@ from components.publisher.publish import (
     publish_model,
 )
 from rollout.cli import version_rows
-from serving.model_repository import ModelRepository, RepositoryError
+from serving.repository.base import RepositoryError
+from serving.repository.local import ModelRepository
 from tests.serving.conftest import save_tiny_model
 
 

@@ -1,4 +1,4 @@
-"""The Publisher on gs:// (serving/gcs_repository.py) against the GCS emulator, whose front enforces ifGenerationMatch
+"""The Publisher on gs:// (serving/repository/gcs.py) against the GCS emulator, whose front enforces ifGenerationMatch
 as GCS does: the same layout, manifests and models.config as the local repository; concurrent publishers get
 distinct numbers and lose no config update; a publish interrupted before its commit is never listed or served; an
 object store without atomic publishing is refused in one sentence."""
@@ -11,8 +11,10 @@ import pytest
 
 from components.publisher.publish import publish_model
 from rollout.cli import version_rows
-from serving.gcs_repository import GcsModelRepository
-from serving.model_repository import ModelRepository, RepositoryError, content_digest, open_repository
+from serving.repository.base import RepositoryError, content_digest
+from serving.repository.factory import open_repository
+from serving.repository.gcs import GcsModelRepository
+from serving.repository.local import ModelRepository
 from tests.gcs_emulator import GcsEmulator
 from tests.serving.conftest import save_tiny_model
 

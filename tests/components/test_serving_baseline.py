@@ -15,7 +15,7 @@ from components.serving_baseline.resolve import (
     repository_state,
     resolve_baseline,
 )
-from serving.model_repository import open_repository
+from serving.repository.factory import open_repository
 
 MODEL = "taxi"
 

@@ -1,7 +1,7 @@
-"""The logging hop of every serving pod (`mlops log-proxy`, serving/log_proxy.py) as the rendered overlays run it: a
-sidecar of the project's image that owns the ports the Services, the routes, the scraper and the rollout controller
-use, forwards to TF Serving's own ports over localhost (which no NetworkPolicy admits anyone to), parses with the real
-`mlops` command line, is probed, bounded and locked down like the server, and writes its logs to a size-limited
+"""The logging hop of every serving pod (`mlops log-proxy`, serving/server/log_proxy.py) as the rendered overlays run
+it: a sidecar of the project's image that owns the ports the Services, the routes, the scraper and the rollout
+controller use, forwards to TF Serving's own ports over localhost (which no NetworkPolicy admits anyone to), parses with
+the real `mlops` command line, is probed, bounded and locked down like the server, and writes its logs to a size-limited
 volume the configured rotation fits in.
 
 How Kubernetes resolves a named port, followed here: a Service's targetPort by name and protocol over all of the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.monitoring import METRICS_PATH
+from serving.server.monitoring import METRICS_PATH
 from settings.config import RolloutKubernetesConfig, load_config
 from tests.k8s.networkpolicy import Pod, admits
 from tests.k8s.render import render

@@ -151,7 +151,7 @@ def key(obj: dict) -> tuple[str, str, str]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_reapplying_the_overlay_after_a_rollout_leaves_the_controllers_state_alone(overlay):
-    from serving.model_repository import parse_model_server_config
+    from serving.repository.base import parse_model_server_config
     from settings.config import RolloutKubernetesConfig
 
     settings = RolloutKubernetesConfig()

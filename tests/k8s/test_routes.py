@@ -35,10 +35,10 @@ def routes(request) -> dict[str, list[dict]]:
 
 
 def rest_requests() -> list[HttpRequest]:
-    """What serving/client.py's RestClient sends (its own path builder), the REST verbs TF Serving has, and the
-    report page's curl example."""
+    """What serving/clients/transports.py's RestClient sends (its own path builder), the REST verbs TF Serving has,
+    and the report page's curl example."""
     from reports.run_page import rest_example
-    from serving.client import RestClient
+    from serving.clients import RestClient
 
     client = RestClient("http://gateway.example:80")
     requests = []
@@ -153,12 +153,13 @@ def stub_paths() -> dict[str, dict[str, str]]:
 
 
 def grpc_methods_the_client_calls() -> set[tuple[str, str]]:
-    """The stub methods serving/client.py's GrpcClient calls (`self._prediction.Predict`...), as (service, method)."""
+    """The stub methods serving/clients/transports.py's GrpcClient calls (`self._prediction.Predict`...), as
+    (service, method)."""
     import ast
 
     paths = stub_paths()
     called = set()
-    for node in ast.walk(ast.parse((REPO / "serving/client.py").read_text())):
+    for node in ast.walk(ast.parse((REPO / "serving/clients/transports.py").read_text())):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr in paths:
             service, method = paths[node.value.attr][node.attr].lstrip("/").split("/")
             called.add((service, method))

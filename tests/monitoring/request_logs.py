@@ -1,7 +1,7 @@
-"""A small writer of request logs in serving/request_log.py's format, with TF Serving's own protos: PredictionLog
+"""A small writer of request logs in serving/server/request_log.py's format, with TF Serving's own protos: PredictionLog
 records of PredictRequests (one tensor per raw feature, batch first), in files named as it names them, so that a test
 chooses each file's time, writer and contents.
-Rows are encoded as serving/client.py sends them: a missing float is NaN, a missing integer -1, a missing string ""."""
+Rows are encoded as serving/clients/ sends them: a missing float is NaN, a missing integer -1, a missing string ""."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ import tensorflow as tf
 from tensorflow_metadata.proto.v0 import schema_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
-from serving.request_log import log_file_name
+from serving.server.request_log import log_file_name
 
 DTYPES = {schema_pb2.FLOAT: np.float32, schema_pb2.INT: np.int64, schema_pb2.BYTES: object}
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from monitoring import logs
-from serving.request_log import log_file_name
+from serving.server.request_log import log_file_name
 from tests.monitoring.request_logs import encode, prediction_log, write_log_file
 
 T0 = datetime(2026, 1, 31, 12, 0, tzinfo=timezone.utc)

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from pipeline import cli
-from serving.model_repository import open_repository
+from serving.repository.factory import open_repository
 from tests.browser import render
 from tests.conftest import as_cli_flags
 from tests.monitoring.conftest import MODEL

@@ -1,13 +1,13 @@
 """End to end through a real server: `mlops serve`'s server with its request logger on answers eval-split rows over
-REST and gRPC (serving/client.py, as a user's client sends them), then the same rows with fare x 3 and a payment type
+REST and gRPC (serving/clients/, as a user's client sends them), then the same rows with fare x 3 and a payment type
 training never saw; `mlops monitor` over what the server logged finds nothing in the first window and exactly fare and
 payment_type in the second, against the training data of the real pipeline run the served version carries."""
 from __future__ import annotations
 
 from monitoring.monitor import Window, monitor
-from serving.client import GrpcClient, RestClient
-from serving.model_repository import ModelRepository
-from serving.request_log import RequestLogger
+from serving.clients import GrpcClient, RestClient
+from serving.repository.local import ModelRepository
+from serving.server.request_log import RequestLogger
 from settings.config import RequestLogConfig, load_config
 from tests.monitoring.conftest import MODEL
 from tests.monitoring.test_monitor import shifted

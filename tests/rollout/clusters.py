@@ -21,8 +21,9 @@ import yaml
 from google.protobuf import text_format
 
 from rollout import local_stack
-from serving.model_repository import ModelRepository, read_model_server_config
-from serving.server import ModelServer
+from serving.repository.base import read_model_server_config
+from serving.repository.local import ModelRepository
+from serving.server.model_server import ModelServer
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, REPO_ROOT
 from tests.rollout.fake_apiserver import FakeApiServer
 from tests.rollout.fake_pods import prometheus_text, refused_label, tf_serving_get

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from tests.serving.conftest import save_tiny_model
 
 MODEL = "tiny"
@@ -90,7 +90,7 @@ class StableClient(threading.Thread):
         self.labelled_answers: list[int | None] = []
 
     def run(self) -> None:
-        from serving.client import GrpcClient, RestClient
+        from serving.clients import GrpcClient, RestClient
 
         with RestClient(self.rest, retries=0) as rest, GrpcClient(self.grpc, retries=0) as grpc:
             while not self.stop_event.is_set():

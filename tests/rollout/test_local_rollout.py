@@ -14,7 +14,7 @@ import pytest
 
 from rollout.backends import LocalBackend
 from rollout.factory import build_backend, build_controller
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from settings.config import load_config
 from tests.rollout.conftest import MODEL, REPO_ROOT, overrides
 

@@ -18,7 +18,7 @@ from rollout.factory import build_backend, build_controller
 from rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
 from rollout.prometheus import PrometheusError, PrometheusSource
 from rollout.report import traffic_of, write_report
-from serving.model_repository import ModelRepository
+from serving.repository.local import ModelRepository
 from settings.config import load_config
 from tests.browser import render
 from tests.rollout.conftest import GOLDEN_CSV, MODEL, ROW, answering_version
@@ -62,7 +62,7 @@ class RouterClient(threading.Thread):
         self.results: list[tuple[int, int, str, int | None, str]] = []
 
     def run(self) -> None:
-        from serving.client import GrpcClient, RestClient
+        from serving.clients import GrpcClient, RestClient
 
         canary = self.router.servers["canary"][0]
         with RestClient(self.stack.router_rest, retries=0) as rest, \
@@ -280,7 +280,7 @@ def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):
 
 
 def test_the_stacks_servers_log_what_they_answer_through_the_router(stack):
-    from serving.client import GrpcClient, RestClient
+    from serving.clients import GrpcClient, RestClient
     from tests.serving.test_request_log import records as logged
 
     started = stack["stack"]

@@ -1,8 +1,8 @@
 """The rollout's skew check (rollout/skew.py): the candidate's requests, written by the real request logger
-(serving/request_log.py), judged against the candidate's own training statistics before each step. Taxi rows as in
-tests/monitoring/test_judge.py: traffic drawn like training passes and is promoted; fare x 3 and an unseen
-payment_type roll back naming exactly those two, in the state and the report; too few requests are inconclusive;
-a threshold just inside and just outside; the rollout refuses to start without request logs. A backend in memory
+(serving/server/request_log.py), judged against the candidate's own training statistics before each step. Taxi rows as
+in tests/monitoring/test_judge.py: traffic drawn like training passes and is promoted; fare x 3 and an unseen
+payment_type roll back naming exactly those two, in the state and the report; too few requests are inconclusive; a
+threshold just inside and just outside; the rollout refuses to start without request logs. A backend in memory
 (tests/rollout/memory.py)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from monitoring import judge as gate
 from rollout.controller import Controller, RolloutError
 from rollout.factory import build_controller
 from rollout.skew import SkewCheck, describe_feature, judge_skew
-from serving.request_log import RequestLogger, predict_messages_from_arrays
+from serving.server.request_log import RequestLogger, predict_messages_from_arrays
 from settings.config import (
     DEFAULT_CONFIG,
     ConfigError,

@@ -13,8 +13,8 @@ import pytest
 from components.publisher.publish import publish_model
 from rollout import local_stack
 from rollout.factory import build_backend, build_controller
-from serving.client import RestClient
-from serving.model_repository import ModelRepository
+from serving.clients import RestClient
+from serving.repository.local import ModelRepository
 from settings.config import load_config
 from tests.monitoring.conftest import MODEL, taxi_run  # noqa: F401 - the fixture: a real run's training data
 from tests.monitoring.test_monitor import shifted

@@ -11,7 +11,7 @@ import pytest
 from rollout.backends import Endpoint
 from rollout.metrics import MetricsError, Snapshot, window_figures
 from rollout.verify import INCONCLUSIVE, MIN_SHARE_REQUESTS, Limits, Verifier, compare_answers, share_check
-from serving.client import ServingError
+from serving.clients import ServingError
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedClient, ScriptedMetrics, counters
 
 ROWS = [{"x": float(i)} for i in range(5)]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from serving.model_repository import ModelRepository
-from serving.server import ModelServer
+from serving.repository.local import ModelRepository
+from serving.server.model_server import ModelServer
 
 MODEL = "tiny"
 # Each version's bias: far enough apart that a response tells which version answered.

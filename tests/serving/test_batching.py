@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.batching import (
+from serving.server.batching import (
     BatchingConfigError,
     BatchingParameters,
     BatchScheduler,
@@ -19,7 +19,7 @@ from serving.batching import (
     parse_batching_parameters,
     read_batching_parameters,
 )
-from serving.errors import ServingRequestError, invalid_argument
+from serving.server.errors import ServingRequestError, invalid_argument
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, start_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -101,7 +101,7 @@ def test_predict_csv_with_more_fields_than_the_header_is_a_usage_error(server, t
 
 
 def test_serve_handles_sigterm_before_the_ports_open(repository, monkeypatch, capsys):
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     before = signal.getsignal(signal.SIGTERM)
     seen_at_start = []
@@ -241,7 +241,7 @@ def test_mlops_predict_over_either_transport_imports_no_tensorflow(server, repos
     assert result["codes"] == [0, 0, 0]
     assert predictions == [f"{expected_probability(ROW, 1):.6f}"] * 3
     modules = set(result["modules"])
-    assert {"grpc", "serving.client", "serving.protos"} <= modules  # the gRPC path did run here
+    assert {"grpc", "serving.clients.transports", "serving.clients.protos"} <= modules  # the gRPC path did run here
     imported = sorted(name for name in modules for heavy in PREDICT_NEVER_IMPORTS
                       if name == heavy or name.startswith(heavy + "."))
     assert imported == []

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from serving.client import (
+from serving.clients import (
     GrpcClient,
     InvalidInputError,
     ModelNotFoundError,
@@ -234,7 +234,7 @@ def test_a_stale_cached_signature_is_fetched_again_once(client):
 
 
 def test_one_line_per_row_for_each_task_kind():
-    from serving.client import format_prediction, numeric_values
+    from serving.clients import format_prediction, numeric_values
 
     # A binary model's line is the probability alone, as `mlops predict` printed before task kinds.
     assert format_prediction({"probabilities": 0.25}) == "0.250000"

@@ -16,8 +16,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from serving.model_repository import read_model_server_config
-from serving.servable import Signature
+from serving.repository.base import read_model_server_config
+from serving.server.servable import Signature
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, wait_for
 
 

@@ -8,12 +8,13 @@ import threading
 import time
 from types import SimpleNamespace
 
-from serving.client import GrpcClient, RestClient
-from serving.errors import ServingRequestError
-from serving.model_manager import FailedLoad, ModelManager, load_retry_due, single_model_config
-from serving.model_repository import ModelRepository, write_model_server_config
-from serving.servable import ServableLoadError
-from serving.server import ModelServer
+from serving.clients import GrpcClient, RestClient
+from serving.repository.base import write_model_server_config
+from serving.repository.local import ModelRepository
+from serving.server.errors import ServingRequestError
+from serving.server.model_manager import FailedLoad, ModelManager, load_retry_due, single_model_config
+from serving.server.model_server import ModelServer
+from serving.server.servable import ServableLoadError
 from tests.serving.conftest import MODEL, ROW, copy_export, http_json, version_answering, wait_for
 
 
@@ -133,7 +134,7 @@ def test_labels_fall_back_one_by_one(repository, server):
 
 
 def test_a_label_problem_is_warned_about_once_not_every_poll(repository, server, caplog):
-    caplog.set_level(logging.WARNING, logger="serving.model_manager")
+    caplog.set_level(logging.WARNING, logger="serving.server.model_manager")
     config = repository.read_config()
     config.model_config_list.config[0].version_labels["canary"] = 7
     write_model_server_config(config, repository.config_path)

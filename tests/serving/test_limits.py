@@ -11,8 +11,8 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow_serving.apis import predict_pb2
 
-from serving.errors import ServingRequestError
-from serving.limits import (
+from serving.server.errors import ServingRequestError
+from serving.server.limits import (
     MAX_ELEMENTS_PER_EXAMPLE,
     MAX_UNKNOWN_RANK,
     AdmissionControl,
@@ -100,7 +100,7 @@ def reference_depth(skeleton: bytes) -> int:
     b'{"a": [' + b"[1], " * 150 + b'[[{"b": [2]}]]], "c": {}}',
 ])
 def test_nesting_of_many_brackets_is_measured_in_chunks_as_in_one_pass(monkeypatch, body):
-    from serving import limits
+    from serving.server import limits
 
     skeleton = json_skeleton(body)
     assert len(skeleton.translate(None, limits._NOT_BRACKETS)) >= 256  # the chunked path
@@ -414,7 +414,7 @@ JSON_BODIES = [
 
 @pytest.mark.parametrize("body", JSON_BODIES)
 def test_large_bodies_are_sized_up_in_chunks_exactly_as_small_ones(monkeypatch, body):
-    from serving import limits
+    from serving.server import limits
 
     skeleton = json_skeleton(body)
     expected = (count_json_items(skeleton), json_nesting_depth(skeleton))
@@ -430,7 +430,7 @@ def test_sizing_up_a_body_of_millions_of_strings_needs_little_memory():
     body = json.dumps({"inputs": {"s": ["ab"] * 4_000_000}}).encode()  # 24 MB
     tracemalloc.start()
     try:
-        from serving.limits import json_cost
+        from serving.server.limits import json_cost
 
         assert json_cost(body) == (4_000_000 - 1 + 3 + 1, 3)
         _, peak = tracemalloc.get_traced_memory()

@@ -21,10 +21,10 @@ import pytest
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, model_pb2
 
 from rollout.metrics import parse_prometheus_text
-from serving.log_proxy import LogProxy
-from serving.model_repository import ModelRepository
-from serving.monitoring import METRICS_PATH, REQUEST_LOG_COUNT
-from serving.request_log import RequestLogger, log_files, read_prediction_logs
+from serving.repository.local import ModelRepository
+from serving.server.log_proxy import LogProxy
+from serving.server.monitoring import METRICS_PATH, REQUEST_LOG_COUNT
+from serving.server.request_log import RequestLogger, log_files, read_prediction_logs
 from settings.config import RequestLogConfig
 from tests.serving.conftest import MODEL, ROW, save_tiny_model
 from tests.serving.test_request_log import grpc_request

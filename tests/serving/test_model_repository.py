@@ -5,13 +5,13 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.model_repository import (
-    ModelRepository,
+from serving.repository.base import (
     RepositoryError,
     check_repository_location,
     read_model_server_config,
     validate_model_name,
 )
+from serving.repository.local import ModelRepository
 from tests.serving.conftest import MODEL
 
 

@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 
 from rollout.metrics import model_counters, parse_prometheus_text
-from serving.client import GrpcClient, ModelNotFoundError, RestClient, ServingError
+from serving.clients import GrpcClient, ModelNotFoundError, RestClient, ServingError
 from tests.serving.conftest import MODEL, ROW, http_json
 
 

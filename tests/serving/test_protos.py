@@ -1,4 +1,5 @@
-"""serving/protos.py: TF Serving's messages built from the installed modules' descriptors give the official bytes."""
+"""serving/clients/protos.py: TF Serving's messages built from the installed modules' descriptors give the official
+bytes."""
 from __future__ import annotations
 
 import math
@@ -20,9 +21,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-import serving.protos as protos_module
-from serving.client import TensorSpec, rows_to_columns
-from serving.protos import (
+import serving.clients.protos as protos_module
+from serving.clients import TensorSpec, rows_to_columns
+from serving.clients.protos import (
     ModelServiceStub,
     PredictionServiceStub,
     metadata_request,
@@ -55,7 +56,7 @@ ARRAYS = {
 
 
 def official_tensor(values: np.ndarray, dtype: str):
-    """What the client sent before serving/protos.py: TensorFlow's own make_tensor_proto."""
+    """What the client sent before serving/clients/protos.py: TensorFlow's own make_tensor_proto."""
     return tf.make_tensor_proto(values, dtype=tf.dtypes.as_dtype(types_pb2.DataType.Value(dtype)))
 
 
@@ -222,7 +223,7 @@ def test_a_later_import_of_tensorflow_in_the_same_process_still_works():
     script = """
 import sys
 import numpy as np
-from serving.protos import serving_protos, tensor_proto
+from serving.clients.protos import serving_protos, tensor_proto
 protos = serving_protos()
 ours = tensor_proto(np.array([1.0, 2.0], np.float32), "DT_FLOAT", protos).SerializeToString()
 before = "tensorflow" in sys.modules

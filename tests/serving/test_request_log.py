@@ -16,9 +16,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
 from rollout.metrics import parse_prometheus_text
-from serving import request_log
-from serving.monitoring import REQUEST_LOG_COUNT
-from serving.request_log import (
+from serving.server import request_log
+from serving.server.monitoring import REQUEST_LOG_COUNT
+from serving.server.request_log import (
     LoggedPrediction,
     RequestLogger,
     log_file_name,
@@ -355,7 +355,7 @@ def test_the_page_shows_no_request_log_family_without_a_logger(server):
 def test_string_tensors_are_filled_as_make_tensor_proto_fills_them(value):
     from tensorflow.core.framework import tensor_pb2
 
-    from serving.grpc_api import array_to_tensor_proto
+    from serving.server.grpc.codec import array_to_tensor_proto
 
     # The REST records' string inputs (and gRPC's string outputs) take this path, at a fifth of make_tensor_proto's
     # cost per tensor.

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving.servable import flat_signature_call, load_servable_version
+from serving.server.servable import flat_signature_call, load_servable_version
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability
 
 ROWS = [ROW, {**ROW, "fare": 40.0, "payment_type": "Credit Card"}, {**ROW, "trip_start_hour": 23}]

@@ -19,12 +19,17 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2
 
-from serving import ServingLimits, grpc_api
-from serving.errors import ServingRequestError
-from serving.grpc_api import PredictionServicer
-from serving.limits import AdmissionControl, max_json_items
-from serving.rest_api import RestApi, RestApp, RestServer, bind_socket, leaf_type, parse_json_body
-from serving.servable import ServableVersion, Signature
+from serving import ServingLimits
+from serving.server.errors import ServingRequestError
+from serving.server.grpc import codec as grpc_codec
+from serving.server.grpc import servicer as grpc_servicer
+from serving.server.grpc.servicer import PredictionServicer
+from serving.server.limits import AdmissionControl, max_json_items
+from serving.server.rest.app import RestApp
+from serving.server.rest.codec import leaf_type, parse_json_body
+from serving.server.rest.endpoints import RestApi
+from serving.server.rest.transport import RestServer, bind_socket
+from serving.server.servable import ServableVersion, Signature
 
 PREDICT = "/v1/models/m:predict"
 MAX_BATCH = 4
@@ -103,7 +108,7 @@ def test_grpc_values_at_the_declared_count_are_accepted_and_one_more_refused():
 def vector(dtype, values: list, dims: list[int], content: bytes = b"") -> tensor_pb2.TensorProto:
     """A TensorProto of `values` in its dtype's value field, declaring shape `dims` (and `content` as raw bytes)."""
     tensor = tf.make_tensor_proto(np.array(values, dtype=dtype))
-    field = grpc_api._FAST_DTYPES[tensor.dtype][0]
+    field = grpc_codec._FAST_DTYPES[tensor.dtype][0]
     if tensor.tensor_content:  # values in their field, as most clients send them
         getattr(tensor, field).extend(np.frombuffer(tensor.tensor_content, dtype).tolist())
         tensor.ClearField("tensor_content")
@@ -131,12 +136,12 @@ def vector(dtype, values: list, dims: list[int], content: bytes = b"") -> tensor
 ])
 def test_a_vector_filled_as_its_shape_says_is_converted_at_once_and_any_other_tensor_fully_checked(tensor, most, taken):
     """The fast path of `_prepare` takes only tensors the full checks accept, and builds the same array."""
-    fast = grpc_api._filled_vector(tensor, tensor.dtype, most)
+    fast = grpc_codec._filled_vector(tensor, tensor.dtype, most)
     assert (fast is not None) == taken
     declared = [d.size for d in tensor.tensor_shape.dim]
     try:
-        grpc_api.check_tensor_proto("v", tensor, declared, max_elements=most, max_batch_size=most)
-        full = grpc_api.tensor_proto_to_array(tensor, declared)
+        grpc_servicer.check_tensor_proto("v", tensor, declared, max_elements=most, max_batch_size=most)
+        full = grpc_codec.tensor_proto_to_array(tensor, declared)
     except (ServingRequestError, ValueError, TypeError):
         full = None
     if taken:
@@ -149,12 +154,12 @@ def test_a_vector_filled_as_its_shape_says_is_converted_at_once_and_any_other_te
 ])
 def test_a_grpc_message_over_the_wire_check_size_is_counted_before_parsing(monkeypatch, wire_check_bytes, message):
     over = grpc_request(MAX_BATCH, "wide", width=3, extra_values=1)
-    monkeypatch.setattr(grpc_api, "WIRE_CHECK_BYTES", len(over) if wire_check_bytes is None else wire_check_bytes)
+    monkeypatch.setattr(grpc_servicer, "WIRE_CHECK_BYTES", len(over) if wire_check_bytes is None else wire_check_bytes)
     assert message in grpc_refused(over)
 
 
 def test_the_wire_count_limit_of_an_input_is_its_largest_full_batch_over_all_signatures(monkeypatch):
-    monkeypatch.setattr(grpc_api, "WIRE_CHECK_BYTES", 0)
+    monkeypatch.setattr(grpc_servicer, "WIRE_CHECK_BYTES", 0)
     # x holds 4 x 2 values in serving_default and 4 x 3 in "wide": a message may carry 12 before it is parsed.
     assert prepare(grpc_request(MAX_BATCH, "wide", width=3))[2]["x"].shape == (MAX_BATCH, 3)
     assert "Input x carries more than 12 values" in grpc_refused(grpc_request(MAX_BATCH, "wide", 3, extra_values=1))
@@ -182,7 +187,7 @@ def test_a_grpc_tensor_that_fits_its_shape_but_is_no_array_is_invalid_argument()
 
 @pytest.mark.parametrize("wire_check_bytes", [0, 1 << 20])
 def test_bytes_that_are_not_a_predict_request_are_invalid_argument(monkeypatch, wire_check_bytes):
-    monkeypatch.setattr(grpc_api, "WIRE_CHECK_BYTES", wire_check_bytes)
+    monkeypatch.setattr(grpc_servicer, "WIRE_CHECK_BYTES", wire_check_bytes)
     assert grpc_refused(b"\x12\xff\xff\xff\x7f").startswith("The PredictRequest is not a valid protobuf message (")
 
 
@@ -211,12 +216,12 @@ def grpc_calls(limits: ServingLimits, scenario) -> object:
         predictor = HeldPredictor()
         admission = AdmissionControl(limits.max_in_flight_requests, limits.max_in_flight_bytes)
         parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-parser")
-        server = grpc_api.GrpcServer(Manager(), predictor, admission, limits, "127.0.0.1", 0, 1, parser)
+        server = grpc_servicer.GrpcServer(Manager(), predictor, admission, limits, "127.0.0.1", 0, 1, parser)
         await server.start()
         try:
             options = [("grpc.max_send_message_length", 1 << 24)]
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=options) as channel:
-                predict = channel.unary_unary(f"/{grpc_api.SERVICE}/Predict")
+                predict = channel.unary_unary(f"/{grpc_servicer.SERVICE}/Predict")
                 return await scenario(predict, predictor, admission)
         finally:
             await server.stop(0)
@@ -276,7 +281,8 @@ def test_an_internal_error_in_a_grpc_call_is_internal_and_logged_with_the_method
     code, details, in_flight = grpc_calls(ServingLimits(), scenario)
     assert (code, in_flight) == (grpc.StatusCode.INTERNAL, (0, 0))
     assert details == "Internal error: the model broke"
-    assert [r.getMessage() for r in caplog.records if r.name == "serving.grpc_api"] == ["internal error in Predict"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "serving.server.grpc.servicer"]
+    assert logged == ["internal error in Predict"]
 
 
 def test_grpc_calls_past_the_in_flight_bound_get_unavailable_and_every_slot_is_given_back():

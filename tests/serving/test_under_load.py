@@ -15,8 +15,8 @@ from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving import ServingLimits
-from serving.batching import BatchingParameters
-from serving.servable import Signature
+from serving.server.batching import BatchingParameters
+from serving.server.servable import Signature
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability, http_json, start_server, wait_for
 from tests.serving.test_rest_protocol import raw_exchange, split_response
 
@@ -68,10 +68,10 @@ def test_grpc_values_beyond_the_declared_shape_are_refused_before_any_array(stub
 
 
 def test_a_large_grpc_message_is_sized_up_from_its_wire_bytes_before_parsing(stub, monkeypatch):
-    from serving import grpc_api
+    from serving.server.grpc import servicer
 
     parsed = []
-    real_request = grpc_api.predict_pb2.PredictRequest
+    real_request = servicer.predict_pb2.PredictRequest
 
     class RecordingRequest:
         def __new__(cls, *args, **kwargs):
@@ -80,7 +80,7 @@ def test_a_large_grpc_message_is_sized_up_from_its_wire_bytes_before_parsing(stu
 
     request = predict_request([ROW])
     request.inputs["payment_type"].string_val.extend([b"ab"] * 600_000)  # ~2.4 MB, declared shape [1]
-    monkeypatch.setattr(grpc_api.predict_pb2, "PredictRequest", RecordingRequest)
+    monkeypatch.setattr(servicer.predict_pb2, "PredictRequest", RecordingRequest)
     with pytest.raises(grpc.RpcError) as error:
         stub.Predict(request, timeout=30)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -89,11 +89,11 @@ def test_a_large_grpc_message_is_sized_up_from_its_wire_bytes_before_parsing(stu
 
 
 def test_a_rest_body_of_far_more_values_than_a_batch_is_refused_before_parsing(server, monkeypatch):
-    from serving import rest_api
+    from serving.server.rest import endpoints
 
     parsed = []
-    real_parse = rest_api.parse_json_body
-    monkeypatch.setattr(rest_api, "parse_json_body", lambda body: parsed.append(1) or real_parse(body))
+    real_parse = endpoints.parse_json_body
+    monkeypatch.setattr(endpoints, "parse_json_body", lambda body: parsed.append(1) or real_parse(body))
     body = json.dumps({"inputs": {"payment_type": ["ab"] * 20_000, "fare": [1.0], "trip_start_hour": [1]}})
     status, response = http_json("POST", server.rest_url + PREDICT, raw=body.encode())
     assert status == 400 and "JSON values, more than the" in response["error"]
@@ -103,10 +103,10 @@ def test_a_rest_body_of_far_more_values_than_a_batch_is_refused_before_parsing(s
 
 
 def test_rows_over_the_batch_limit_are_refused_before_conversion(server, monkeypatch):
-    from serving import rest_api
+    from serving.server.rest import codec
 
     converted = []
-    monkeypatch.setattr(rest_api, "json_to_array", lambda *a: converted.append(1) or pytest.fail("converted"))
+    monkeypatch.setattr(codec, "json_to_array", lambda *a: converted.append(1) or pytest.fail("converted"))
     status, response = http_json("POST", server.rest_url + PREDICT, {"instances": [ROW] * 9})
     assert status == 400 and "Batch size 9 is larger than the maximum batch size 8" in response["error"]
     columns = {name: [ROW[name]] * 9 for name in ROW}
@@ -326,7 +326,7 @@ def test_floats_out_of_float32_range_get_400(server, literal, message):
 
 @pytest.mark.parametrize("count", [1, 200])  # a few values are checked in Python, many with numpy
 def test_float_columns_are_range_checked_however_long(count):
-    from serving.rest_api import leaf_type
+    from serving.server.rest.codec import leaf_type
 
     leaf = leaf_type(types_pb2.DT_FLOAT)
     largest = float(np.finfo(np.float32).max)

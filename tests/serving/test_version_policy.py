@@ -8,14 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.model_manager import ConfigError, aspired_versions, validate_config
-from serving.model_repository import (
-    ModelRepository,
-    RepositoryError,
-    list_versions,
-    validate_label,
-    validate_model_name,
-)
+from serving.repository.base import RepositoryError, list_versions, validate_label, validate_model_name
+from serving.repository.local import ModelRepository
+from serving.server.model_manager import ConfigError, aspired_versions, validate_config
 
 MODEL = "taxi"
 

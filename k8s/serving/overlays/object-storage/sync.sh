@@ -12,7 +12,7 @@ keep="${KEEP:-3}"
 mkdir -p "$target"
 
 committed() {
-  # A publisher writes MANIFEST.json last (serving/gcs_repository.py).
+  # A publisher writes MANIFEST.json last (serving/repository/gcs.py).
   rclone lsf --files-only "$remote/$1" | grep -qx MANIFEST.json
 }
 

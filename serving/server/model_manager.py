@@ -21,9 +21,9 @@ from pathlib import Path
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving import DEFAULT_LOAD_RETRY_INTERVAL_S, DEFAULT_MAX_NUM_LOAD_RETRIES
-from serving.errors import invalid_argument, not_found
-from serving.model_repository import RepositoryError, list_versions, validate_label, validate_model_name
-from serving.servable import ServableLoadError, ServableVersion, load_servable_version
+from serving.repository.base import RepositoryError, list_versions, validate_label, validate_model_name
+from serving.server.errors import invalid_argument, not_found
+from serving.server.servable import ServableLoadError, ServableVersion, load_servable_version
 
 logger = logging.getLogger(__name__)
 

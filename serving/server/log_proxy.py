@@ -1,5 +1,5 @@
 """`mlops log-proxy`: a hop in front of an unmodified TF Serving that forwards its REST and gRPC APIs and logs
-sampled predictions with the request logger of `mlops serve` (serving/request_log.py).
+sampled predictions with the request logger of `mlops serve` (serving/server/request_log.py).
 
 Open-source TF Serving cannot log requests (a `logging_config` fails with "No request-logger-creator provided"), so
 on Kubernetes this runs as a sidecar in the serving pod: it listens on the ports the Services target and forwards
@@ -34,18 +34,12 @@ import uvloop
 from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
 from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits
-from serving.grpc_api import MAX_RESPONSE_BYTES
-from serving.monitoring import METRICS_PATH, RequestLogMetrics
-from serving.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays, wire_model_spec
-from serving.rest_api import (
-    PREDICT_PATH,
-    RestServer,
-    _parse_version,
-    bind_socket,
-    inputs_to_arrays,
-    instances_to_arrays,
-    parse_json_body,
-)
+from serving.server.grpc.servicer import MAX_RESPONSE_BYTES
+from serving.server.monitoring import METRICS_PATH, RequestLogMetrics
+from serving.server.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays, wire_model_spec
+from serving.server.rest.codec import inputs_to_arrays, instances_to_arrays, parse_json_body
+from serving.server.rest.endpoints import PREDICT_PATH, _parse_version
+from serving.server.rest.transport import RestServer, bind_socket
 
 logger = logging.getLogger(__name__)
 

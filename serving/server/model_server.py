@@ -25,15 +25,17 @@ from serving import (
     DEFAULT_REST_PORT,
     ServingLimits,
 )
-from serving.batching import BatchingParameters, BatchScheduler, scheduler_for
-from serving.grpc_api import GrpcServer
-from serving.limits import AdmissionControl
-from serving.model_manager import ConfigError, ModelManager, single_model_config
-from serving.model_repository import RepositoryError, parse_model_server_config
-from serving.monitoring import RequestMetrics
-from serving.predictor import Predictor
-from serving.request_log import RequestLogger
-from serving.rest_api import RestApi, RestApp, RestServer, bind_socket
+from serving.repository.base import RepositoryError, parse_model_server_config
+from serving.server.batching import BatchingParameters, BatchScheduler, scheduler_for
+from serving.server.grpc.servicer import GrpcServer
+from serving.server.limits import AdmissionControl
+from serving.server.model_manager import ConfigError, ModelManager, single_model_config
+from serving.server.monitoring import RequestMetrics
+from serving.server.predictor import Predictor
+from serving.server.request_log import RequestLogger
+from serving.server.rest.app import RestApp
+from serving.server.rest.endpoints import RestApi
+from serving.server.rest.transport import RestServer, bind_socket
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ class ModelServer:
     retried, see ModelManager). `batching` turns on server-side batching with TF Serving's parameters; without it
     each request runs alone, one per CPU core at a time. gRPC's status, metadata and reload calls run on
     `grpc_workers` threads (predictions run on the event loop). `limits` bounds each request and the load in flight.
-    With a `request_logger`, sampled predictions of both transports are logged (serving/request_log.py); `stop`
+    With a `request_logger`, sampled predictions of both transports are logged (serving/server/request_log.py); `stop`
     writes what it holds and closes it.
     """
 
@@ -84,7 +86,7 @@ class ModelServer:
         self.batching = batching
         self.limits = limits or ServingLimits()
         self.admission = AdmissionControl(self.limits.max_in_flight_requests, self.limits.max_in_flight_bytes)
-        # TF Serving's request counters and latency histogram, shared by REST and gRPC (serving/monitoring.py).
+        # TF Serving's request counters and latency histogram, shared by REST and gRPC (serving/server/monitoring.py).
         self.metrics = RequestMetrics()
         self.request_logger = request_logger
         if request_logger is not None:

@@ -21,7 +21,7 @@ flushed after each batch of records (every 50 ms while records come), so it ends
 
 Requests never wait for the log: a sampled prediction is put on a bounded queue and a writer thread builds and writes
 its record; a full queue drops the record, a failed write is counted, and both show on the server's Prometheus page
-(`:mlops:serving:request_log_count{model_name,status}`, serving/monitoring.py).
+(`:mlops:serving:request_log_count{model_name,status}`, serving/server/monitoring.py).
 """
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import logging_pb2, model_pb2, predict_pb2, prediction_log_pb2
 
-from serving.limits import wire_fields
-from serving.monitoring import RequestLogMetrics
+from serving.server.grpc.codec import array_to_tensor_proto
+from serving.server.limits import wire_fields
+from serving.server.monitoring import RequestLogMetrics
 from settings.config import RequestLogConfig
 
 logger = logging.getLogger(__name__)
@@ -105,8 +106,6 @@ def predict_messages_from_arrays(
 ) -> LoggedPrediction:
     """The PredictRequest and PredictResponse a REST prediction stands for (http_rest_api_handler.cc
     ProcessPredictRequest), from the arrays the server converted the JSON into and the ones the model returned."""
-    from serving.grpc_api import array_to_tensor_proto  # here: grpc_api imports this module
-
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
     if requested_version is not None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.model_repository import (
+from serving.repository.base import (
     CONFIG_FILE_NAME,
     GCS_SCHEME,
     MANIFEST_FILE,

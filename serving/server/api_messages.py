@@ -6,8 +6,8 @@ from typing import Any
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
-from serving.model_manager import VersionState
-from serving.servable import ServableVersion
+from serving.server.model_manager import VersionState
+from serving.server.servable import ServableVersion
 
 SIGNATURE_DEF_FIELD = "signature_def"
 

@@ -19,7 +19,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from serving import ServingLimits  # noqa: F401 - the limits live with the defaults, importable without TensorFlow
-from serving.errors import ServingRequestError, invalid_argument
+from serving.server.errors import ServingRequestError, invalid_argument
 
 # Elements per example when the signature leaves a non-batch dimension (or the rank) open.
 MAX_ELEMENTS_PER_EXAMPLE = 1 << 20

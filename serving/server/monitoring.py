@@ -2,7 +2,7 @@
 labels and semantics as TF Serving 2.16.1 with a MonitoringConfig that enables prometheus_config (see
 rollout/metrics.py for the source files): `:tensorflow:serving:request_count{model_name,status}` over every
 request that names a model, and the histogram `:tensorflow:serving:request_latency{model_name,API,entrypoint}` of
-successful ones, in microseconds with buckets 10 * 1.8^i; and with request logging on (serving/request_log.py),
+successful ones, in microseconds with buckets 10 * 1.8^i; and with request logging on (serving/server/request_log.py),
 `:mlops:serving:request_log_count{model_name,status}` of sampled predictions written, dropped (the writer's queue was
 full) or failed (the write raised)."""
 from __future__ import annotations

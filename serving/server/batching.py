@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format, wrappers_pb2
 
-from serving.errors import ServingRequestError, invalid_argument
-from serving.limits import unavailable
-from serving.servable import ServableVersion, Signature
+from serving.server.errors import ServingRequestError, invalid_argument
+from serving.server.limits import unavailable
+from serving.server.servable import ServableVersion, Signature
 
 logger = logging.getLogger(__name__)
 

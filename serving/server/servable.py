@@ -16,8 +16,8 @@ from tensorflow.python.distribute.distribute_utils import is_distributed_variabl
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
 from tensorflow_serving.apis import get_model_metadata_pb2
 
-from serving.errors import invalid_argument
-from serving.limits import max_input_elements, signature_dims
+from serving.server.errors import invalid_argument
+from serving.server.limits import max_input_elements, signature_dims
 
 DEFAULT_SIGNATURE = "serving_default"
 # SignatureDefs that describe graph initialisation, not something a client can call.
@@ -54,7 +54,7 @@ class Signature:
                 for name, dims in self.input_dims.items()}
 
     def max_input_elements(self, max_batch_size: int) -> dict[str, int]:
-        """The most elements each input can hold in a full batch (see serving.limits.max_input_elements)."""
+        """The most elements each input can hold in a full batch (see serving.server.limits.max_input_elements)."""
         cache = self.__dict__.setdefault("_max_elements", {})
         if max_batch_size not in cache:
             cache[max_batch_size] = {name: max_input_elements(info, max_batch_size)

@@ -11,10 +11,10 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from serving.batching import BatchScheduler
-from serving.errors import invalid_argument
-from serving.limits import check_batch_size
-from serving.servable import ServableVersion, Signature
+from serving.server.batching import BatchScheduler
+from serving.server.errors import invalid_argument
+from serving.server.limits import check_batch_size
+from serving.server.servable import ServableVersion, Signature
 
 
 def check_inputs(

@@ -1,0 +1,1 @@
+"""The local server's REST API: JSON codec, endpoints, the ASGI application and its HTTP transport."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -76,15 +75,10 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
 
 
 def versions_command(args: argparse.Namespace) -> int:
-    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
-    try:
-        rows = version_rows(config.serving_base_dir, config.model_name)
-    except RepositoryError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    rows = version_rows(config.serving_base_dir, config.model_name)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -133,28 +127,23 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
 
 def rollout_command(args: argparse.Namespace) -> int:
     from rollout.factory import build_controller
-    from serving.repository.base import RepositoryError
     from settings.config import load_config
 
     config = load_config(args.config, args.overrides)
-    try:
-        controller = build_controller(config)
-        if args.action == "status":
-            document = controller.document()
-            print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")
-            if not args.json:
-                _print_status(document, controller.report_dir)
-            return 0
-        if args.action == "start":
-            record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry,
-                                      allow_downgrade=args.allow_downgrade)
-        elif args.action == "promote":
-            record = controller.promote(wait_retain=not args.no_wait)
-        else:
-            record = controller.rollback()
-    except RepositoryError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    controller = build_controller(config)
+    if args.action == "status":
+        document = controller.document()
+        print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")
+        if not args.json:
+            _print_status(document, controller.report_dir)
+        return 0
+    if args.action == "start":
+        record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry,
+                                  allow_downgrade=args.allow_downgrade)
+    elif args.action == "promote":
+        record = controller.promote(wait_retain=not args.no_wait)
+    else:
+        record = controller.rollback()
     outcome = record.get("outcome")
     if outcome == "rolled_back":
         return 3

@@ -216,8 +216,7 @@ def _request_log_settings(args: argparse.Namespace) -> tuple[RequestLogConfig, s
 
 def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Event,
                 request_log_settings: RequestLogConfig, request_log_dir: str) -> int:
-    from serving.repository.base import RepositoryError, validate_model_name
-    from serving.server.model_manager import ConfigError
+    from serving.repository.base import validate_model_name
     from serving.server.model_server import ModelServer
     from serving.server.request_log import open_request_logger
 
@@ -231,9 +230,6 @@ def _run_server(args: argparse.Namespace, options: dict, stopped: threading.Even
             validate_model_name(args.model_name)
             server = ModelServer.for_model(args.model_name, args.model_base_path, **options)
         problems = server.start()
-    except (ConfigError, RepositoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except OSError as e:
         print(f"error: cannot open the server ports: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,8 @@ from rollout.backends import BackendError
 from rollout.controller import RolloutError
 from rollout.state import ControllerBusyError, StateConflictError
 from rollout.verify import GoldenDataError
+from serving.repository.base import RepositoryError
+from serving.server.model_manager import ModelConfigError
 from settings.arguments import run_command
 from settings.config import ConfigError
 from settings.errors import UserError
@@ -27,7 +29,8 @@ REPORTED = [(ConfigError, "config error", 2), (DataError, "error", 2),
             (NoTransformOutputError, "error", 2), (WorkerFailedError, "training failed", 1),
             (TFJobFailedError, "training failed", 1), (KubeflowError, "error", 2), (RolloutError, "error", 2),
             (BackendError, "error", 2), (GoldenDataError, "error", 2), (StateConflictError, "error", 2),
-            (ControllerBusyError, "error", 2), (LogError, "error", 2), (MonitorError, "error", 2)]
+            (ControllerBusyError, "error", 2), (LogError, "error", 2), (MonitorError, "error", 2),
+            (RepositoryError, "error", 2), (ModelConfigError, "error", 2)]
 
 
 def made(kind: type[UserError], message: str) -> UserError:

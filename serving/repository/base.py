@@ -25,6 +25,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
+from settings.errors import UserError
+
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 VERSION_DIR_PATTERN = re.compile(r"^[0-9]+$")
@@ -39,8 +41,10 @@ PUBLICATION_FILE = "publication.json"
 GCS_SCHEME = "gs://"
 
 
-class RepositoryError(ValueError):
+class RepositoryError(UserError, ValueError):
     """A request to the model repository that cannot be honoured; the message says what to change."""
+
+    exit_code = 2
 
 
 def validate_model_name(name: str) -> str:

@@ -24,6 +24,7 @@ from serving import DEFAULT_LOAD_RETRY_INTERVAL_S, DEFAULT_MAX_NUM_LOAD_RETRIES
 from serving.repository.base import RepositoryError, list_versions, validate_label, validate_model_name
 from serving.server.errors import invalid_argument, not_found
 from serving.server.servable import ServableLoadError, ServableVersion, load_servable_version
+from settings.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,10 @@ SUPPORTED_PLATFORMS = frozenset({"", "tensorflow"})
 MAX_FINGERPRINT_ENTRIES = 10_000
 
 
-class ConfigError(ValueError):
+class ModelConfigError(UserError, ValueError):
     """A ModelServerConfig that cannot be applied at all; the message says what to fix."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,9 @@ class ModelSnapshot:
 
 
 def validate_config(config: model_server_config_pb2.ModelServerConfig) -> None:
-    """Raises ConfigError when `config` uses something this server cannot apply."""
+    """Raises ModelConfigError when `config` uses something this server cannot apply."""
     if config.HasField("custom_model_config"):
-        raise ConfigError("custom_model_config is not supported; use model_config_list.")
+        raise ModelConfigError("custom_model_config is not supported; use model_config_list.")
     seen: set[str] = set()
     for model_config in config.model_config_list.config:
         try:
@@ -78,19 +81,19 @@ def validate_config(config: model_server_config_pb2.ModelServerConfig) -> None:
             for label in model_config.version_labels:
                 validate_label(label)
         except RepositoryError as e:
-            raise ConfigError(str(e)) from e
+            raise ModelConfigError(str(e)) from e
         if model_config.name in seen:
-            raise ConfigError(f"Model {model_config.name!r} appears twice in the config; keep one entry.")
+            raise ModelConfigError(f"Model {model_config.name!r} appears twice in the config; keep one entry.")
         seen.add(model_config.name)
         if not model_config.base_path:
-            raise ConfigError(f"Model {model_config.name!r} has no base_path; set it to the model's folder.")
+            raise ModelConfigError(f"Model {model_config.name!r} has no base_path; set it to the model's folder.")
         if model_config.model_platform not in SUPPORTED_PLATFORMS:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"Model {model_config.name!r} uses platform {model_config.model_platform!r}; "
                 "only 'tensorflow' is supported."
             )
         if model_config.model_type:
-            raise ConfigError(f"Model {model_config.name!r} sets the deprecated model_type; use model_platform.")
+            raise ModelConfigError(f"Model {model_config.name!r} sets the deprecated model_type; use model_platform.")
 
 
 def single_model_config(model_name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
@@ -144,7 +147,7 @@ class ModelManager:
     def apply_config(self, config: model_server_config_pb2.ModelServerConfig) -> list[str]:
         """Makes the loaded versions and labels match `config`; returns the problems met (empty when all applied).
 
-        Raises ConfigError, changing nothing, when the config itself is unusable. An empty config (no
+        Raises ModelConfigError, changing nothing, when the config itself is unusable. An empty config (no
         model_config_list at all, e.g. a file caught mid-write) changes nothing either, as in TF Serving.
         """
         if config.WhichOneof("config") is None:

@@ -29,7 +29,7 @@ from serving.repository.base import RepositoryError, parse_model_server_config
 from serving.server.batching import BatchingParameters, BatchScheduler, scheduler_for
 from serving.server.grpc.servicer import GrpcServer
 from serving.server.limits import AdmissionControl
-from serving.server.model_manager import ConfigError, ModelManager, single_model_config
+from serving.server.model_manager import ModelConfigError, ModelManager, single_model_config
 from serving.server.monitoring import RequestMetrics
 from serving.server.predictor import Predictor
 from serving.server.request_log import RequestLogger
@@ -231,7 +231,7 @@ class ModelServer:
         text = self.config_path.read_text() if self.config_path.exists() else None
         if text is None:
             if force:
-                raise ConfigError(f"Model config file {self.config_path} does not exist; write it first.")
+                raise ModelConfigError(f"Model config file {self.config_path} does not exist; write it first.")
             return [f"Model config file {self.config_path} disappeared; keeping the current config."]
         if not force and text == self._last_config_text:
             # Unchanged: its problems were logged when it was read; still report them.
@@ -240,11 +240,11 @@ class ModelServer:
             config = parse_model_server_config(text, str(self.config_path))
         except RepositoryError as e:
             if force:
-                raise ConfigError(str(e)) from e
+                raise ModelConfigError(str(e)) from e
             return self._keep_current_config(text, str(e))
         try:
             problems = self.manager.apply_config(config)
-        except ConfigError as e:
+        except ModelConfigError as e:
             if force:
                 raise
             return self._keep_current_config(text, str(e))

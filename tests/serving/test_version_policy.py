@@ -10,7 +10,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from serving.repository.base import RepositoryError, list_versions, validate_label, validate_model_name
 from serving.repository.local import ModelRepository
-from serving.server.model_manager import ConfigError, aspired_versions, validate_config
+from serving.server.model_manager import ModelConfigError, aspired_versions, validate_config
 
 MODEL = "taxi"
 
@@ -203,7 +203,7 @@ def test_a_config_the_server_can_apply():
      "Version label 'a b' is invalid"),
 ])
 def test_a_config_the_server_refuses(text, message):
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(ModelConfigError) as error:
         validate_config(server_config(text))
     assert str(error.value).startswith(message)
 

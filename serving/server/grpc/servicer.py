@@ -37,7 +37,7 @@ from serving.server.limits import (
     check_wire_value_counts,
     wire_fields,
 )
-from serving.server.model_manager import ConfigError, ModelManager
+from serving.server.model_manager import ModelConfigError, ModelManager
 from serving.server.monitoring import RequestMetrics
 from serving.server.predictor import Predictor
 from serving.server.request_log import LoggedPrediction, RequestLogger
@@ -248,7 +248,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         try:
             try:
                 problems = self.manager.apply_config(request.config)
-            except ConfigError as e:
+            except ModelConfigError as e:
                 raise invalid_argument(str(e)) from e
             if problems:
                 # The config is in force; what could not be loaded is in model status. Report it like a failed reload.

@@ -8,7 +8,6 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from components import artifacts
-from components.exporter import report
 from components.exporter.data import load_eval_data
 from components.exporter.export import export_and_verify
 from components.exporter.preprocessing import build_spec
@@ -22,6 +21,7 @@ from components.specs import (
     MODEL_KEY,
     TRANSFORM_GRAPH_KEY,
 )
+from reports.model_reports import table_lines
 from settings.config import EvaluationConfig, ExportConfig, read_section
 
 
@@ -63,5 +63,5 @@ class Executor(base_executor.BaseExecutor):
             calibration,
             {"missing_values": list(layout.data.missing_values), "label_columns": layout.label_columns},
         )
-        for line in report.table_lines(result):
+        for line in table_lines(result):
             logging.info("%s", line)

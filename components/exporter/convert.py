@@ -159,7 +159,10 @@ class TfjsConversion:
             self._log.seek(0)
             output = self._log.read().strip()
         if returncode != 0:
-            raise RuntimeError(f"the tensorflowjs converter failed: {output[-2000:]}")
+            # The whole output goes to the log; the error names its last line, the exception the converter raised.
+            logging.error("the tensorflowjs converter failed with exit status %d:\n%s", returncode, output)
+            last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+            raise RuntimeError(f"the tensorflowjs converter failed: {last or f'exit status {returncode}, no output'}")
         for path in JS_FILES:
             shutil.copy(path, self._export_dir)
 

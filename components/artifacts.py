@@ -14,6 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from reports.records import CalibrationRecord, ExportReport, OptimizationReport
+
 # The file names other packages read too, under the names components know them by.
 from settings.files import EXPORT_REPORT_HTML as EXPORT_REPORT_HTML
 from settings.files import EXPORT_REPORT_JSON as EXPORT_REPORT_JSON
@@ -169,6 +171,24 @@ def read_json(path: str) -> Any:
 
 def write_json(path: str, value: Any, indent: int = 1) -> None:
     write_text(path, json.dumps(value, indent=indent, sort_keys=True))
+
+
+def read_optimization_report(model_uri: str) -> OptimizationReport | None:
+    """The Optimizer's report at the root of its Model artifact; None for a Model artifact it did not write."""
+    path = join(model_uri, OPTIMIZATION_REPORT_FILE)
+    return OptimizationReport.from_dict(read_json(path)) if exists(path) else None
+
+
+def read_calibration_record(model_uri: str) -> CalibrationRecord | None:
+    """The calibration record at the root of the Optimizer's Model artifact; None when no calibration ran."""
+    path = join(model_uri, CALIBRATION_REPORT_JSON)
+    return CalibrationRecord.from_dict(read_json(path)) if exists(path) else None
+
+
+def read_export_report(folder: str) -> ExportReport | None:
+    """The export report in an exported (or published) SavedModel folder; None when there is none."""
+    path = join(folder, EXPORT_REPORT_JSON)
+    return ExportReport.from_dict(read_json(path)) if exists(path) else None
 
 
 def copy_tree(source: str, destination: str) -> None:

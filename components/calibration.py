@@ -13,14 +13,15 @@ calibration.threshold_objective. NumPy functions, and the few below them that re
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from sklearn.metrics import roc_auc_score
 
+from reports.records import CalibrationFigures, CalibrationRecord, Confusion, ReliabilityBins
 from settings.config import CalibrationConfig
 
 # Newton steps of the Platt fit and the bounds of log T searched by the temperature fit.
@@ -158,19 +159,19 @@ def expected_calibration_error(confidence: np.ndarray, outcome: np.ndarray, bins
                      for g in np.unique(groups)))
 
 
-def reliability_bins(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> list[list[float]]:
+def reliability_bins(confidence: np.ndarray, outcome: np.ndarray, bins: int = ECE_BINS) -> ReliabilityBins:
     """The reliability diagram's points over the same equal-mass bins as expected_calibration_error: per bin the
     mean confidence, the observed frequency and the rows."""
     c = np.asarray(confidence, dtype=np.float64).reshape(-1)
     o = np.asarray(outcome, dtype=np.float64).reshape(-1)
     if c.size == 0:
-        return []
+        return ()
     groups = np.searchsorted(np.quantile(c, np.linspace(0.0, 1.0, bins + 1)[1:-1]), c, side="right")
-    return [[float(c[groups == g].mean()), float(o[groups == g].mean()), int(np.sum(groups == g))]
-            for g in np.unique(groups)]
+    return tuple((float(c[groups == g].mean()), float(o[groups == g].mean()), int(np.sum(groups == g)))
+                 for g in np.unique(groups))
 
 
-def _reliability(kind: str, probabilities: np.ndarray, labels: np.ndarray) -> list[list[float]]:
+def _reliability(kind: str, probabilities: np.ndarray, labels: np.ndarray) -> ReliabilityBins:
     """A binary model's positive probability against the share of positives; a multiclass model's confidence (its
     highest probability) against how often that class is right."""
     p, y = np.asarray(probabilities, dtype=np.float64), np.asarray(labels).reshape(-1)
@@ -179,23 +180,23 @@ def _reliability(kind: str, probabilities: np.ndarray, labels: np.ndarray) -> li
     return reliability_bins(p.reshape(-1), y == 1)
 
 
-def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
+def binary_figures(probabilities: np.ndarray, labels: np.ndarray, threshold: float) -> CalibrationFigures:
     """calibration (mean probability / mean label, TFMA's figure), the expected calibration error of the positive
     probability (equal-mass bins), AUC, and precision and recall at `threshold`."""
     p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
     y = np.asarray(labels).reshape(-1)
     true_pos, false_pos, false_neg = _counts(p, y, threshold)
     positive_rate = float(np.mean(y == 1))
-    return {
-        "calibration": float(np.mean(p) / positive_rate) if positive_rate > 0 else float("nan"),
-        "ece": expected_calibration_error(p, y == 1),
-        "auc": float(roc_auc_score(y == 1, p)) if 0 < positive_rate < 1 else float("nan"),
-        "precision": true_pos / (true_pos + false_pos) if true_pos + false_pos else float("nan"),
-        "recall": true_pos / (true_pos + false_neg) if true_pos + false_neg else float("nan"),
-    }
+    return CalibrationFigures(
+        calibration=float(np.mean(p) / positive_rate) if positive_rate > 0 else float("nan"),
+        ece=expected_calibration_error(p, y == 1),
+        auc=float(roc_auc_score(y == 1, p)) if 0 < positive_rate < 1 else float("nan"),
+        precision=true_pos / (true_pos + false_pos) if true_pos + false_pos else float("nan"),
+        recall=true_pos / (true_pos + false_neg) if true_pos + false_neg else float("nan"),
+    )
 
 
-def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> CalibrationFigures:
     """calibration (mean confidence of the argmax / accuracy: 1 when confidence means accuracy), the expected
     calibration error of that confidence (equal-mass bins), macro AUC, and macro precision and recall of the
     argmax."""
@@ -211,13 +212,13 @@ def multiclass_figures(probabilities: np.ndarray, labels: np.ndarray) -> dict[st
             precisions.append(float(np.mean(y[predicted == c] == c)))
         if np.any(y == c):
             recalls.append(float(np.mean(predicted[y == c] == c)))
-    return {
-        "calibration": float(np.mean(p.max(axis=1)) / accuracy) if accuracy > 0 else float("nan"),
-        "ece": expected_calibration_error(p.max(axis=1), predicted == y),
-        "auc": macro_auc(p, y),
-        "precision": float(np.mean(precisions)) if precisions else float("nan"),
-        "recall": float(np.mean(recalls)) if recalls else float("nan"),
-    }
+    return CalibrationFigures(
+        calibration=float(np.mean(p.max(axis=1)) / accuracy) if accuracy > 0 else float("nan"),
+        ece=expected_calibration_error(p.max(axis=1), predicted == y),
+        auc=macro_auc(p, y),
+        precision=float(np.mean(precisions)) if precisions else float("nan"),
+        recall=float(np.mean(recalls)) if recalls else float("nan"),
+    )
 
 
 def resolve_method(options: CalibrationConfig, kind: str, calibration_rows: bool) -> str:
@@ -241,40 +242,39 @@ def calibration_record(
     measure_labels: np.ndarray,
     fitted_on: str,
     measured_on: str,
-) -> dict[str, Any]:
+) -> CalibrationRecord:
     """The record written beside the model (artifacts.CALIBRATION_REPORT_JSON): the fit, the chosen threshold and
     the figures of the model before (uncalibrated, at 0.5) and after (calibrated, at the threshold) on the
     measurement rows, which neither the model nor the calibration was fitted on."""
-    record: dict[str, Any] = {"method": calibration.method, "fitted_on": fitted_on, "rows": int(len(fit_labels)),
-                              "measured_on": measured_on, "measured_rows": int(len(measure_labels))}
+    rows = {"fitted_on": fitted_on, "rows": int(len(fit_labels)), "measured_on": measured_on,
+            "measured_rows": int(len(measure_labels))}
     if calibration.method == "temperature":
-        record.update(objective="argmax", threshold=None, temperature=1.0 / calibration.scale,
-                      before=multiclass_figures(softmax(measure_logits), measure_labels),
-                      after=multiclass_figures(apply(calibration, measure_logits), measure_labels),
-                      reliability={"before": _reliability("temperature", softmax(measure_logits), measure_labels),
-                                   "after": _reliability("temperature", apply(calibration, measure_logits),
-                                                         measure_labels)})
-        return record
+        before, after = softmax(measure_logits), apply(calibration, measure_logits)
+        return CalibrationRecord(
+            method=calibration.method, **rows, objective="argmax", threshold=None,
+            temperature=1.0 / calibration.scale,
+            before=multiclass_figures(before, measure_labels), after=multiclass_figures(after, measure_labels),
+            reliability_before=_reliability("temperature", before, measure_labels),
+            reliability_after=_reliability("temperature", after, measure_labels))
     threshold = choose_threshold(apply(calibration, fit_logits), fit_labels, options.threshold_objective,
                                  options.min_precision)
-    # Calibration carries a base rate from one split to another: a gap between the two shows here first.
-    positive_rate = {"fitted": float(np.mean(np.asarray(fit_labels) == 1)),
-                     "measured": float(np.mean(np.asarray(measure_labels) == 1))}
     calibrated = apply(calibration, measure_logits)
-    record.update(objective=options.threshold_objective, threshold=threshold, scale=calibration.scale,
-                  shift=calibration.shift, positive_rate=positive_rate,
-                  before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
-                  after=binary_figures(calibrated, measure_labels, threshold),
-                  reliability={"before": _reliability("platt", sigmoid(measure_logits), measure_labels),
-                               "after": _reliability("platt", calibrated, measure_labels)})
     # TFMA's thresholds are fixed when the pipeline is built, so the report's matrix at this one is counted here.
     true_pos, false_pos, false_neg = _counts(calibrated.reshape(-1), np.asarray(measure_labels).reshape(-1),
                                              threshold)
-    record["confusion_at_threshold"] = {"tp": true_pos, "fp": false_pos, "fn": false_neg,
-                                        "tn": int(len(measure_labels)) - true_pos - false_pos - false_neg}
-    if options.threshold_objective == "min_precision":
-        record["min_precision"] = options.min_precision
-    return record
+    return CalibrationRecord(
+        method=calibration.method, **rows, objective=options.threshold_objective, threshold=threshold,
+        scale=calibration.scale, shift=calibration.shift,
+        # Calibration carries a base rate from one split to another: a gap between the two shows here first.
+        positive_rate_fitted=float(np.mean(np.asarray(fit_labels) == 1)),
+        positive_rate_measured=float(np.mean(np.asarray(measure_labels) == 1)),
+        before=binary_figures(sigmoid(measure_logits), measure_labels, 0.5),
+        after=binary_figures(calibrated, measure_labels, threshold),
+        reliability_before=_reliability("platt", sigmoid(measure_logits), measure_labels),
+        reliability_after=_reliability("platt", calibrated, measure_labels),
+        confusion_at_threshold=Confusion(tp=true_pos, fp=false_pos, fn=false_neg,
+                                         tn=int(len(measure_labels)) - true_pos - false_pos - false_neg),
+        min_precision=options.min_precision if options.threshold_objective == "min_precision" else None)
 
 
 def collect(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -336,27 +336,26 @@ def calibrate(
     options: CalibrationConfig,
     fitted_on: str,
     measured_on: str,
-) -> tuple[tf.keras.Model, dict[str, Any]]:
+) -> tuple[tf.keras.Model, CalibrationRecord]:
     """Fits `method` (platt or temperature) on the logits of `fit_rows`, chooses the threshold there, and measures
     the model before and after on `measure_rows`; returns the calibrated copy of the model and the record."""
     fit_logits, fit_labels = model_logits(model, fit_rows)
     measure_logits, measure_labels = model_logits(model, measure_rows)
     calibration = fit(method, fit_logits, fit_labels)
-    record = calibration_record(calibration, options, fit_logits, fit_labels, measure_logits, measure_labels,
+    fitted = calibration_record(calibration, options, fit_logits, fit_labels, measure_logits, measure_labels,
                                 fitted_on, measured_on)
-    fitted = record
-    if _farther_from_one(record["before"]["calibration"], record["after"]["calibration"]):
+    before, after = fitted.before.calibration, fitted.after.calibration
+    if _farther_from_one(before, after):
         # A fit that makes the measured probabilities less trustworthy is no calibration: the model keeps its own
         # (a binary model's threshold is still chosen, on those probabilities).
-        record = calibration_record(Calibration(method), options, fit_logits, fit_labels, measure_logits,
-                                    measure_labels, fitted_on, measured_on)
-        record.update(applied=False, rejected={"before": fitted["before"]["calibration"],
-                                               "after": fitted["after"]["calibration"]},
-                      note=f"{method} scaling moved the eval calibration from {fitted['before']['calibration']:.4f} to "
-                           f"{fitted['after']['calibration']:.4f}, further from 1, so it is not applied")
+        kept = calibration_record(Calibration(method), options, fit_logits, fit_labels, measure_logits,
+                                  measure_labels, fitted_on, measured_on)
+        record = dataclasses.replace(
+            kept, applied=False, rejected_before=before, rejected_after=after,
+            note=f"{method} scaling moved the eval calibration from {before:.4f} to {after:.4f}, further from 1, so "
+                 "it is not applied")
         return fold(model, Calibration(method)), record
-    record["applied"] = True
-    return fold(model, calibration), record
+    return fold(model, calibration), fitted
 
 
 def _farther_from_one(before: float, after: float) -> bool:

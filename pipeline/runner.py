@@ -250,46 +250,47 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
     for name in SUMMARY_METRICS:
         if name in m:
             print(f"  eval {name:<18} {m[name]:.4f}", file=out)
-    for line in _per_class_lines(m, (summary.export.get("task") or {}).get("classes", [])):
+    export = summary.export
+    classes = list(export.task.classes) if export is not None and export.task is not None else []
+    for line in _per_class_lines(m, classes):
         print(line, file=out)
-    classes = (summary.export.get("task") or {}).get("classes", [])
-    for class_id, share in enumerate(summary.export.get("class_shares") or []):
+    shares = export.class_shares if export is not None and export.class_shares else ()
+    for class_id, share in enumerate(shares):
         precision = m.get(f"precision/classId:{class_id}")
         if precision is not None and precision < share and class_id < len(classes):
             print(f"  warning       class {classes[class_id]!r}: eval precision {precision:.4f} is below its share of "
                   f"the eval rows {share:.4f}, so its answers are worse than guessing it (class weights favour rare "
                   "classes; see training.class_weights)", file=out)
-    no_skill = summary.export.get("no_skill") or {}
-    if no_skill:
-        kind = (summary.export.get("task") or {}).get("kind", "binary")
-        what = "always the eval mean" if kind == "regression" else "the class shares, never the features"
-        shown = ", ".join(f"{name} {value:.4f}" for name, value in no_skill.items())
-        print(f"  no skill      {shown} ({what}; on the {summary.export.get('eval_rows', '?')} exported eval rows)",
-              file=out)
-    pruned = summary.optimization.get("pruned")
-    metric = summary.optimization.get("metric", "auc")
-    if pruned:
-        before = summary.optimization[pruned["pruned_from"]]
-        sparsity = ", ".join(f"{k} {v:.3f}" for k, v in pruned["kernel_sparsity"].items())
-        print(f"  pruned        {metric} {before[metric]:.4f} -> {pruned[metric]:.4f}, gzip {before['gzip_bytes']} "
-              f"-> {pruned['gzip_bytes']} bytes, sparsity {sparsity}", file=out)
-    if "distilled" in summary.optimization:
-        student, teacher = summary.optimization["distilled"], summary.optimization["input"]
-        print(f"  distilled     {metric} {teacher[metric]:.4f} -> {student[metric]:.4f}, parameters "
-              f"{teacher['parameters']} -> {student['parameters']}", file=out)
+    if export is not None and export.no_skill:
+        what = "always the eval mean" if export.kind == "regression" else "the class shares, never the features"
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in export.no_skill.items())
+        print(f"  no skill      {shown} ({what}; on the {export.eval_rows} exported eval rows)", file=out)
+    optimization = summary.optimization
+    pruned = optimization.pruned if optimization is not None else None
+    if pruned is not None:
+        metric = optimization.metric
+        before = optimization.model(pruned.pruned_from or "input")
+        sparsity = ", ".join(f"{k} {v:.3f}" for k, v in pruned.kernel_sparsity.items())
+        print(f"  pruned        {metric} {before.metrics[metric]:.4f} -> {pruned.metrics[metric]:.4f}, gzip "
+              f"{before.gzip_bytes} -> {pruned.gzip_bytes} bytes, sparsity {sparsity}", file=out)
+    if optimization is not None and optimization.distilled is not None:
+        metric, student, teacher = optimization.metric, optimization.distilled, optimization.model("input")
+        print(f"  distilled     {metric} {teacher.metrics[metric]:.4f} -> {student.metrics[metric]:.4f}, parameters "
+              f"{teacher.parameters} -> {student.parameters}", file=out)
     calibration = summary.calibration
-    if calibration and calibration.get("applied") is False:
-        threshold = "" if calibration["threshold"] is None else (
-            f"; threshold {calibration['threshold']:.4f} ({calibration['objective']}) on the model's own probabilities")
-        print(f"  calibrated    not applied: {calibration['note']}{threshold}", file=out)
-    elif calibration:
-        before, after = calibration["before"], calibration["after"]
-        threshold = "" if calibration["threshold"] is None else (
-            f", threshold {calibration['threshold']:.4f} ({calibration['objective']})")
-        print(f"  calibrated    {calibration['method']} on {calibration['rows']} held-out rows{threshold}; eval "
-              f"calibration {before['calibration']:.4f} -> {after['calibration']:.4f}, precision "
-              f"{before['precision']:.4f} -> {after['precision']:.4f}, recall {before['recall']:.4f} -> "
-              f"{after['recall']:.4f}", file=out)
+    if calibration is not None:
+        threshold = calibration.threshold
+        if not calibration.applied:
+            shown = "" if threshold is None else (
+                f"; threshold {threshold:.4f} ({calibration.objective}) on the model's own probabilities")
+            print(f"  calibrated    not applied: {calibration.note}{shown}", file=out)
+        else:
+            before, after = calibration.before, calibration.after
+            shown = "" if threshold is None else f", threshold {threshold:.4f} ({calibration.objective})"
+            print(f"  calibrated    {calibration.method} on {calibration.rows} held-out rows{shown}; eval "
+                  f"calibration {before.calibration:.4f} -> {after.calibration:.4f}, precision "
+                  f"{before.precision:.4f} -> {after.precision:.4f}, recall {before.recall:.4f} -> "
+                  f"{after.recall:.4f}", file=out)
     if summary.blessed is None:
         # TFX judges nothing without a threshold; a first run has no baseline to compare with.
         print("  blessed       not judged: no evaluation bound is set and no blessed baseline exists yet; set "
@@ -298,11 +299,11 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  blessed       False: {summary.blessing_failure}", file=out)
     else:
         print(f"  blessed       {summary.blessed}", file=out)
-    if summary.export:
+    if export is not None:
         from reports.model_reports import table_lines
 
-        print(f"  exported      {summary.export['eval_rows']} eval rows through every format:", file=out)
-        for line in table_lines(summary.export):
+        print(f"  exported      {export.eval_rows} eval rows through every format:", file=out)
+        for line in table_lines(export):
             print(f"    {line}", file=out)
     if summary.published_version is not None and not summary.published_new:
         print(f"  published     nothing new: version {summary.published_version} at {summary.pushed_path} already "

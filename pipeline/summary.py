@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pipeline import metadata
+from reports.records import CalibrationRecord, ExportReport, OptimizationReport
 from settings.files import RUN_REPORT_HTML, RUN_SUMMARY_JSON
 
 
@@ -23,8 +24,8 @@ class RunSummary:
     model_path: str | None = None
     evaluation_path: str | None = None
     # The Optimizer's and the Exporter's reports (components/optimizer, components/exporter), when they ran.
-    optimization: dict[str, Any] = field(default_factory=dict)
-    export: dict[str, Any] = field(default_factory=dict)
+    optimization: OptimizationReport | None = None
+    export: ExportReport | None = None
     # The run report's material (reports/run_page.py draws it): plain JSON, so summary.json carries it.
     task: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
@@ -33,7 +34,7 @@ class RunSummary:
     baseline: dict[str, Any] = field(default_factory=dict)
     # Why the Evaluator did not bless the model: each failed threshold and the config keys that set it, with values.
     blessing_failure: str = ""
-    calibration: dict[str, Any] = field(default_factory=dict)
+    calibration: CalibrationRecord | None = None
     serving: dict[str, Any] = field(default_factory=dict)
     cached_stages: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -46,8 +47,14 @@ class RunSummary:
     published_labels: list[str] = field(default_factory=list)
     log_path: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's object: every field as plain JSON, a report that did not run as {}."""
+        records = {"optimization": self.optimization, "export": self.export, "calibration": self.calibration}
+        return {**asdict(replace(self, optimization=None, export=None, calibration=None)),
+                **{name: record.to_dict() if record is not None else {} for name, record in records.items()}}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
 def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -115,9 +122,10 @@ def latest_run(metadata_path: str, pipeline_name: str, features: list[str] | Non
                 summary.published_new = bool(props["pushed_new"].int_value) if "pushed_new" in props else True
         elif output.type_name == "Model":
             _read_model_reports(summary, artifact.uri)
-    summary.task = dict(summary.export.get("task") or {})
-    if summary.export.get("predicted_actual"):
-        summary.plots["predicted_actual"] = summary.export["predicted_actual"]
+    export = summary.export
+    summary.task = export.task.to_dict() if export is not None and export.task is not None else {}
+    if export is not None and export.predicted_actual:
+        summary.plots["predicted_actual"] = [list(pair) for pair in export.predicted_actual]
     # The newest earlier run that computed statistics (a run stopped before StatisticsGen has none).
     previous, previous_run = [], ""
     for earlier in reversed(runs[:-1]):
@@ -385,19 +393,16 @@ def serving_row(examples: Any, features: list[str], limit: int = 200) -> dict[st
 def _read_model_reports(summary: RunSummary, uri: str) -> None:
     from components import artifacts
 
-    export_report = artifacts.join(artifacts.serving_model_dir(uri), artifacts.EXPORT_REPORT_JSON)
-    optimization_report = artifacts.join(uri, artifacts.OPTIMIZATION_REPORT_FILE)
     history = artifacts.join(uri, artifacts.TRAINING_HISTORY_JSON)
-    calibration = artifacts.join(uri, artifacts.CALIBRATION_REPORT_JSON)
     if artifacts.exists(history):
         summary.training.update(artifacts.read_json(history))
-    if artifacts.exists(calibration):
-        summary.calibration = artifacts.read_json(calibration)
-    if artifacts.exists(export_report):
-        summary.export = artifacts.read_json(export_report)
+    summary.calibration = artifacts.read_calibration_record(uri) or summary.calibration
+    export = artifacts.read_export_report(artifacts.serving_model_dir(uri))
+    if export is not None:
+        summary.export = export
         summary.model_path = uri
-    elif artifacts.exists(optimization_report):
-        summary.optimization = artifacts.read_json(optimization_report)
+    else:
+        summary.optimization = artifacts.read_optimization_report(uri) or summary.optimization
     if summary.model_path is None:
         summary.model_path = uri
 
@@ -412,6 +417,6 @@ def write_report(summary: RunSummary, folder: str) -> tuple[str, str]:
         f.write(summary.to_json())
     html_path = os.path.join(folder, RUN_REPORT_HTML)
     with open(html_path, "w") as f:
-        f.write(run_page(asdict(summary)))
+        f.write(run_page(summary.to_dict()))
     write_index(os.path.dirname(os.path.abspath(folder)))
     return json_path, html_path

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from reports import charts
 from reports.html_parts import captioned, esc, num, tabulate, whole
 from reports.model_reports import chart_png, optimization_html, table_html
+from reports.records import CalibrationRecord, ExportReport, OptimizationReport
 from settings.files import RUN_SUMMARY_JSON, RUNS_INDEX_HTML
 
 SECTIONS = ("timeline", "data", "training", "evaluation", "calibration", "optimization", "export", "serving")
@@ -46,10 +47,25 @@ def task_metric_name(summary: dict[str, Any]) -> str:
     return next((n for n in names if n in summary.get("metrics", {})), names[0])
 
 
+def export_report(summary: dict[str, Any]) -> ExportReport | None:
+    """The Exporter's report the summary carries; None when the Exporter did not run."""
+    return ExportReport.from_dict(summary["export"]) if summary.get("export") else None
+
+
+def calibration_record(summary: dict[str, Any]) -> CalibrationRecord | None:
+    """The calibration step's record (calibration.json) the summary carries; None when no calibration ran."""
+    return CalibrationRecord.from_dict(summary["calibration"]) if summary.get("calibration") else None
+
+
+def optimization_report(summary: dict[str, Any]) -> OptimizationReport | None:
+    """The Optimizer's report the summary carries when the Exporter did not run (its report carries it otherwise)."""
+    return OptimizationReport.from_dict(summary["optimization"]) if summary.get("optimization") else None
+
+
 def decision_threshold(summary: dict[str, Any]) -> float:
     """The calibration step's chosen threshold (calibration.json), else 0.5."""
-    threshold = (summary.get("calibration") or {}).get("threshold")
-    return float(threshold) if isinstance(threshold, (int, float)) else DEFAULT_THRESHOLD
+    record = calibration_record(summary)
+    return record.threshold if record is not None and record.threshold is not None else DEFAULT_THRESHOLD
 
 
 # ---- sections ---------------------------------------------------------------------------------------------------
@@ -243,9 +259,9 @@ def _binary_plots(summary: dict[str, Any]) -> str:
                              "on the dashed line, a probability means what it says. Rows per bucket, left to right: "
                              + ", ".join(f"{b['count']:,.0f}" for b in buckets if b["count"]) + "."))
     threshold = decision_threshold(summary)
-    calibration = summary.get("calibration") or {}
-    counted = calibration.get("confusion_at_threshold")
-    matrix = counted or (confusion_at(thresholds, threshold) if thresholds else None)
+    calibration = calibration_record(summary)
+    counted = calibration.confusion_at_threshold if calibration else None
+    matrix = counted.to_dict() if counted else (confusion_at(thresholds, threshold) if thresholds else None)
     if matrix:
         chart = charts.matrix("confusion_matrix", ["negative", "positive"],
                               [[matrix["tn"], matrix["fp"]], [matrix["fn"], matrix["tp"]]], "confusion matrix")
@@ -253,7 +269,7 @@ def _binary_plots(summary: dict[str, Any]) -> str:
             caption = (f"Confusion matrix on the eval rows at the decision threshold {threshold:.4g}, chosen and "
                        "counted by the calibration step (the Evaluator's thresholds are fixed before the run).")
         else:
-            source = "chosen by the calibration step" if calibration else "the default"
+            source = "chosen by the calibration step" if calibration is not None else "the default"
             caption = (f"Confusion matrix at threshold {matrix['threshold']:.3f} ({source}; the decision threshold "
                        f"is {threshold:.3f}).")
         parts.append(captioned(chart, caption))
@@ -311,7 +327,8 @@ def _regression_plots(summary: dict[str, Any]) -> str:
 def no_skill_figures(summary: dict[str, Any]) -> dict[str, float]:
     """The Exporter's no-skill figures of the eval rows under the Evaluator's names (a binary accuracy is TFMA's
     binary_accuracy)."""
-    figures = dict((summary.get("export") or {}).get("no_skill") or {})
+    export = export_report(summary)
+    figures = dict(export.no_skill) if export else {}
     if (summary.get("task") or {}).get("kind", "binary") == "binary" and "accuracy" in figures:
         figures["binary_accuracy"] = figures.pop("accuracy")
     return figures
@@ -365,36 +382,34 @@ def _evaluation(summary: dict[str, Any]) -> str:
 
 
 def _calibration(summary: dict[str, Any]) -> str:
-    report = summary.get("calibration") or {}
-    if not report:
+    record = calibration_record(summary)
+    if record is None:
         return (f"<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
                 f"and the decision threshold is {DEFAULT_THRESHOLD}.</p>")
-    before, after = report.get("before") or {}, report.get("after") or {}
-    facts = [["method", esc(report.get("method", ""))], ["fitted on", esc(report.get("fitted_on", ""))],
-             ["rows", num(report.get("rows", ""))], ["threshold objective", esc(report.get("objective", ""))],
-             ["decision threshold", "none: the most probable class" if report.get("threshold") is None
-              else num(report["threshold"])]]
-    rates = report.get("positive_rate")
-    if rates:
-        facts.append(["positive rate", f"{rates['fitted']:.1%} of the rows fitted on, {rates['measured']:.1%} of "
-                                       f"the {num(report.get('measured_rows', ''))} rows measured on"])
-    names = [n for n in ("calibration", "ece", "auc", "precision", "recall") if n in before or n in after]
-    figures = [[esc(n), num(before.get(n, "")), num(after.get(n, ""))] for n in names]
-    threshold = report.get("threshold")
+    threshold = record.threshold
+    facts = [["method", esc(record.method)], ["fitted on", esc(record.fitted_on)], ["rows", num(record.rows)],
+             ["threshold objective", esc(record.objective)],
+             ["decision threshold", "none: the most probable class" if threshold is None else num(threshold)]]
+    if record.positive_rate_fitted is not None:
+        facts.append(["positive rate", f"{record.positive_rate_fitted:.1%} of the rows fitted on, "
+                                       f"{record.positive_rate_measured:.1%} of the {num(record.measured_rows)} rows "
+                                       "measured on"])
+    before, after = record.before.to_dict(), record.after.to_dict()
+    figures = [[esc(name), num(before[name]), num(after[name])] for name in before]
     heads = (["before: as trained", "after: calibrated"] if threshold is None else
              [f"before: as trained, at {DEFAULT_THRESHOLD}", f"after: calibrated, at {threshold:.4g}"])
-    rejected = (f"<p class='few'>Not applied: {esc(report.get('note', ''))}; both columns are the model as trained."
-                "</p>" if report.get("applied") is False else "")
-    reliability = report.get("reliability") or {}
+    rejected = (f"<p class='few'>Not applied: {esc(record.note or '')}; both columns are the model as trained."
+                "</p>" if not record.applied else "")
     diagram = ""
-    if reliability.get("before"):
+    if record.reliability_before:
         what = "share of positives" if threshold is not None else "share right"
-        series = [(name, [(x, y) for x, y, _ in reliability.get(key) or []])
-                  for name, key in (("as trained", "before"), ("calibrated", "after"))]
+        series = [(name, [(x, y) for x, y, _ in bins])
+                  for name, bins in (("as trained", record.reliability_before),
+                                     ("calibrated", record.reliability_after))]
         diagram = captioned(charts.lines("reliability", series, "reliability diagram", "mean predicted probability"
                                        if threshold is not None else "mean confidence", what, diagonal=True,
                                        bounds=(0, 1, 0, 1), points=True),
-                          f"Reliability on the {esc(report.get('measured_on', 'eval rows'))}: ten equal-mass bins of "
+                          f"Reliability on the {esc(record.measured_on or 'eval rows')}: ten equal-mass bins of "
                           "rows; on the dashed line a probability means what it says (ece is the weighted gap).")
     return (rejected + tabulate(["", ""], facts) + tabulate(["figure", *heads], figures) + diagram
             + "<p class='note'>Calibration is mean prediction over mean label: 1.0 when probabilities mean what "
@@ -402,12 +417,12 @@ def _calibration(summary: dict[str, Any]) -> str:
 
 
 def _export(summary: dict[str, Any]) -> str:
-    report = summary.get("export") or {}
-    if not report:
+    report = export_report(summary)
+    if report is None:
         return "<p class='note'>Nothing was exported: the Exporter did not run (a stage before it failed).</p>"
-    verdict = ("<span class='good'>every format agrees with the SavedModel</span>" if report.get("passed")
+    verdict = ("<span class='good'>every format agrees with the SavedModel</span>" if report.passed
                else "<span class='bad'>FAILED: nothing is pushed</span>")
-    return (f"<p>{verdict}; {report.get('eval_rows', 0):,} eval rows through every format.</p>{table_html(report)}"
+    return (f"<p>{verdict}; {report.eval_rows:,} eval rows through every format.</p>{table_html(report)}"
             f"<img data-chart='export' alt='size and latency per format' "
             f"src='data:image/png;base64,{chart_png(report)}'>")
 
@@ -472,7 +487,7 @@ def run_page(summary: dict[str, Any]) -> str:
     """The whole report of one run, from a RunSummary as a dict."""
     render = {"timeline": _timeline, "data": _data, "training": _training, "evaluation": _evaluation,
               "calibration": _calibration,
-              "optimization": lambda summary: optimization_html(summary.get("optimization") or {}),
+              "optimization": lambda summary: optimization_html(optimization_report(summary)),
               "export": _export, "serving": _serving}
     body = "".join(f"<section id='{s}'><h2>{esc(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {esc(summary.get('run_id', ''))}"

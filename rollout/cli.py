@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from reports.records import ExportReport
 from settings.files import EXPORT_REPORT_JSON
 
 
@@ -52,9 +53,10 @@ def version_rows(base_dir: str, model: str) -> list[dict[str, Any]]:
     for version in repository.versions(model):
         publication = repository.publication(model, version)
         try:
-            export = "passed" if json.loads(repository.read_version_file(model, version, EXPORT_REPORT_JSON))[
-                "passed"] else "FAILED"
-        except (OSError, ValueError, KeyError):
+            report = ExportReport.from_dict(json.loads(repository.read_version_file(model, version,
+                                                                                    EXPORT_REPORT_JSON)))
+            export = "passed" if report.passed else "FAILED"
+        except (OSError, ValueError):
             export = "no report"
         check = repository.verify(model, version)
         blessed = publication.get("blessed")

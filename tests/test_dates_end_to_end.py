@@ -70,10 +70,10 @@ def test_the_run_derives_the_date_parts_and_every_format_agrees(project):
     # Weekends and evenings are busy: the model learned them from the derived features alone.
     assert summary.metrics["auc"] > 0.9, summary.metrics
     report = summary.export
-    assert report["passed"]
-    for row in report["artifacts"]:
-        if row["check"]["figure"] == "max_abs_diff":
-            assert row["max_abs_diff"] <= config.export.max_abs_diff, row
+    assert report.passed
+    for row in report.artifacts:
+        if row.check.figure == "max_abs_diff":
+            assert row.max_abs_diff <= config.export.max_abs_diff, row
     shipped = json.loads((Path(summary.pushed_path) / "tflite" / "preprocessing.json").read_text())
     dates = {f["name"]: f for f in shipped["features"] if f["kind"] == "datetime"}
     assert set(dates) == {"started", "returned_on", "created_at"}

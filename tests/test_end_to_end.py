@@ -79,7 +79,7 @@ def test_pushed_version_holds_four_verified_formats(first_and_second_run):
     for path in EXPORTED_FILES:
         assert (pushed / path).is_file(), path
     report = json.loads((pushed / "export_report.json").read_text())
-    assert report["passed"] and report == first.export
+    assert report["passed"] and report == first.export.to_dict()
     artifacts = {row["artifact"]: row for row in report["artifacts"]}
     assert set(artifacts) == {"saved_model", "tflite/float32", "tflite/dynamic", "tflite/float16", "tflite/int8",
                               "onnx", "tfjs"}

@@ -62,36 +62,36 @@ def test_every_stage_ran_for_the_task_kind_and_the_model_is_blessed(run):
         for name in ("precision", "recall"):
             assert sorted(k for k in summary.metrics if k.startswith(f"{name}/")) == [
                 f"{name}/classId:{i}" for i in range(3)]
-        assert summary.optimization["metric"] == "macro_auc"
+        assert summary.optimization.metric == "macro_auc"
     else:
         assert set(summary.metrics) >= {"rmse", "mae", "r2", "example_count"}
         assert summary.metrics["rmse"] <= config.evaluation.upper_bound
         assert summary.metrics["mae"] <= summary.metrics["rmse"]
         assert 0.0 < summary.metrics["r2"] < 1.0
-        assert summary.optimization["metric"] == "rmse"
-    pruned = summary.optimization["pruned"]
-    assert summary.optimization["stages"] == ["prune"] and pruned["degradation"] <= config.optimize.max_degradation
+        assert summary.optimization.metric == "rmse"
+    pruned = summary.optimization.pruned
+    assert summary.optimization.stages == ("prune",) and pruned.degradation <= config.optimize.max_degradation
 
 
 def test_every_format_agrees_with_the_saved_model_on_the_task_metric(run):
     config, summary, _ = run
     report = summary.export
-    assert report["passed"]
+    assert report.passed
     kind = config.label.kind
-    assert report["task"]["kind"] == kind
-    rows = {row["artifact"]: row for row in report["artifacts"]}
+    assert report.task.kind == kind
+    rows = {row.artifact: row for row in report.artifacts}
     assert set(rows) == FORMATS
-    metric = report["task"]["metric"]
+    metric = report.task.metric
     for name in ("tflite/float32", "onnx", "tfjs"):
-        assert rows[name]["check"]["figure"] == "max_abs_diff" and rows[name]["max_abs_diff"] <= 1e-4, name
+        assert rows[name].check.figure == "max_abs_diff" and rows[name].max_abs_diff <= 1e-4, name
     for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
-        assert rows[name]["check"]["figure"] == f"{metric}_degradation", name
-        assert rows[name]["check"]["value"] <= config.export.max_quantized_degradation, name
+        assert rows[name].check.figure == f"{metric}_degradation", name
+        assert rows[name].check.value <= config.export.max_quantized_degradation, name
         # The degradation runs the metric's way: lower AUC is worse, higher RMSE is worse.
-        worse = rows[name][metric] - report["reference"][metric]
-        assert rows[name]["check"]["value"] == pytest.approx(worse if kind == "regression" else -worse, abs=1e-9)
+        worse = rows[name].metrics[metric] - report.reference[metric]
+        assert rows[name].check.value == pytest.approx(worse if kind == "regression" else -worse, abs=1e-9)
     if kind == "multiclass":
-        assert report["task"]["classes"] == ["setosa", "versicolor", "virginica"]
+        assert report.task.classes == ("setosa", "versicolor", "virginica")
         for folder in ("tflite", "onnx", "tfjs"):
             shipped = json.loads((Path(summary.pushed_path) / folder / "preprocessing.json").read_text())
             assert shipped["task"] == {"kind": "multiclass", "output": "probabilities",
@@ -102,8 +102,8 @@ def test_the_published_version_records_its_task(run):
     config, summary, _ = run
     publication = ModelRepository(config.serving_base_dir).publication(config.model_name, 1)
     task = publication["task"]
-    assert task["kind"] == config.label.kind and task["metric"] == summary.export["task"]["metric"]
-    assert task["eval"] == summary.export["reference"]
+    assert task["kind"] == config.label.kind and task["metric"] == summary.export.task.metric
+    assert task["eval"] == {"artifact": "saved_model", **summary.export.reference}
 
 
 def test_the_published_model_answers_over_rest_and_grpc_as_the_saved_model_does(run, capsys):
@@ -220,5 +220,5 @@ def test_the_run_report_draws_what_fits_the_task_kind(run):
     rendered = render(Path(config.output_root, "runs", summary.run_id, "summary.html"))
     assert report_problems(rendered, config.label.kind) == []
     if config.label.kind == "multiclass":
-        for name in summary.export["task"]["classes"]:
+        for name in summary.export.task.classes:
             assert f">{name}</text>" in rendered.dom

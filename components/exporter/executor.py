@@ -22,6 +22,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from reports.model_reports import table_lines
+from reports.records import RequestEncoding
 from settings.config import EvaluationConfig, ExportConfig, read_section
 
 
@@ -47,10 +48,6 @@ class Executor(base_executor.BaseExecutor):
             layout.label_key,
             options,
         )
-        optimization_path = artifacts.join(model_uri, artifacts.OPTIMIZATION_REPORT_FILE)
-        optimization = artifacts.read_json(optimization_path) if artifacts.exists(optimization_path) else None
-        calibration_path = artifacts.join(model_uri, artifacts.CALIBRATION_REPORT_JSON)
-        calibration = artifacts.read_json(calibration_path) if artifacts.exists(calibration_path) else None
         result = export_and_verify(
             serving_model_dir,
             load_keras_model(model_uri),
@@ -58,10 +55,10 @@ class Executor(base_executor.BaseExecutor):
             data,
             artifacts.serving_model_dir(output_uri),
             options,
-            optimization,
+            artifacts.read_optimization_report(model_uri),
             read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
-            calibration,
-            {"missing_values": list(layout.data.missing_values), "label_columns": layout.label_columns},
+            artifacts.read_calibration_record(model_uri),
+            RequestEncoding(tuple(layout.data.missing_values), tuple(layout.label_columns)),
         )
         for line in table_lines(result):
             logging.info("%s", line)

@@ -12,6 +12,7 @@ Layout of `output_dir` (what the Pusher copies to <serving base>/<version>/):
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -36,6 +37,15 @@ from components.tasks import (
     max_output_difference,
     no_skill_figures,
     task_metrics,
+)
+from reports.records import (
+    ArtifactCheck,
+    ArtifactRow,
+    CalibrationRecord,
+    ExportReport,
+    ExportTask,
+    OptimizationReport,
+    RequestEncoding,
 )
 from settings.config import ExportConfig, tolerance_note
 from settings.tasks import task_metric
@@ -150,10 +160,19 @@ def _export_tflite_and_onnx(
 PREDICTED_ACTUAL_ROWS = 300
 
 
+@dataclass(frozen=True)
+class ArtifactFigures:
+    """What check_artifact measured of one format: its largest output difference from the SavedModel, the task's
+    metrics on the eval rows, and its check."""
+    max_abs_diff: float
+    metrics: dict[str, float]
+    check: ArtifactCheck
+
+
 def check_artifact(
     name: str, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray, options: ExportConfig,
     kind: str = "binary", metric: str = "auto",
-) -> dict[str, Any]:
+) -> ArtifactFigures:
     """The gate on one artifact: its figures against the SavedModel's `reference` outputs on the same rows
     (probabilities [rows] or [rows, classes], or regression values [rows]).
 
@@ -165,20 +184,21 @@ def check_artifact(
     metrics = _metrics(outputs, labels, kind)
     diff = max_output_difference(kind, outputs, reference)
     if name in FLOAT_ARTIFACTS:
-        check = {"figure": "max_abs_diff", "value": diff, "threshold": options.max_abs_diff,
-                 "config_key": "export.max_abs_diff", "passed": diff <= options.max_abs_diff}
+        check = ArtifactCheck(figure="max_abs_diff", value=diff, threshold=options.max_abs_diff,
+                              config_key="export.max_abs_diff", passed=bool(diff <= options.max_abs_diff))
     else:
         worse, passed = degradation_gate(kind, metric, _metrics(reference, labels, kind)[metric], metrics[metric],
                                          options.max_quantized_degradation)
-        check = {"figure": f"{metric}_degradation", "value": worse, "threshold": options.max_quantized_degradation,
-                 "config_key": "export.max_quantized_degradation", "passed": passed}
-    return {"max_abs_diff": diff, **metrics, "check": check}
+        check = ArtifactCheck(figure=f"{metric}_degradation", value=worse,
+                              threshold=options.max_quantized_degradation,
+                              config_key="export.max_quantized_degradation", passed=passed)
+    return ArtifactFigures(diff, metrics, check)
 
 
 def verify(
     built: dict[str, tuple[Path, Runner]], data: EvalData, options: ExportConfig, root: Path | None = None,
     task: Task | None = None, metric: str = "auto",
-) -> dict[str, Any]:
+) -> ExportReport:
     """Runs every artifact on the eval rows against the SavedModel; returns the report, `passed` included.
     Each row's `path` is relative to `root` (the version folder) when given. `task` (binary by default) says what
     the outputs are, `metric` (evaluation.metric) what the quantized variants are judged by."""
@@ -189,63 +209,62 @@ def verify(
         pending = {name: pool.submit(runner.predict_and_time, data.columns, options.latency_rows)
                    for name, (_, runner) in built.items() if runner.out_of_process}
         reference = built["saved_model"][1].predict(data.columns)
-        rows = [_verify_artifact(name, path, runner, pending.get(name), reference, data, options, root, task, metric)
-                for name, (path, runner) in built.items()]
-    result = {
-        "task": {**task.describe(), "metric": metric},
-        "eval_rows": int(len(data.labels)),
-        "reference": {"artifact": "saved_model", **_metrics(reference, data.labels, task.kind)},
-        # Beside the model's figures: what ignoring the features scores on the same rows.
-        "no_skill": no_skill_figures(task.kind, data.labels, len(task.classes)),
-        "artifacts": rows,
-        "passed": all(r["check"]["passed"] for r in rows),
-    }
+        rows = tuple(_verify_artifact(name, path, runner, pending.get(name), reference, data, options, root, task,
+                                      metric)
+                     for name, (path, runner) in built.items())
+    class_shares = predicted_actual = None
     if task.kind == "multiclass" and len(data.labels):
         # A class whose precision is below its share is answered worse than by guessing it: the console warns.
         counts = np.bincount(np.asarray(data.labels, dtype=np.int64).reshape(-1), minlength=len(task.classes))
-        result["class_shares"] = [float(c) for c in counts / counts.sum()]
+        class_shares = tuple(float(c) for c in counts / counts.sum())
     if task.kind == "regression" and len(data.labels):
         # The run report draws predicted against actual from these rows (TFMA has no such plot for a regression).
         picked = np.unique(np.linspace(0, len(data.labels) - 1, min(PREDICTED_ACTUAL_ROWS, len(data.labels))
                                        ).astype(int))
         values = np.asarray(reference).reshape(-1)
-        result["predicted_actual"] = [[float(values[i]), float(data.labels[i])] for i in picked]
-    return result
+        predicted_actual = tuple((float(values[i]), float(data.labels[i])) for i in picked)
+    return ExportReport(
+        task=ExportTask(kind=task.kind, output=task.output_name, classes=task.classes, metric=metric),
+        eval_rows=int(len(data.labels)),
+        reference=_metrics(reference, data.labels, task.kind),
+        # Beside the model's figures: what ignoring the features scores on the same rows.
+        no_skill=no_skill_figures(task.kind, data.labels, len(task.classes)),
+        artifacts=rows,
+        passed=all(row.check.passed for row in rows),
+        class_shares=class_shares,
+        predicted_actual=predicted_actual,
+    )
 
 
 def _verify_artifact(
     name: str, path: Path, runner: Runner, pending: Future | None, reference: np.ndarray, data: EvalData,
     options: ExportConfig, root: Path | None, task: Task, metric: str,
-) -> dict[str, Any]:
+) -> ArtifactRow:
     """One artifact's row of the export report; `pending`: its outputs and latencies, already under way."""
     started = time.perf_counter()
     outputs, latency = pending.result() if pending else runner.predict_and_time(data.columns, options.latency_rows)
     figures = check_artifact(name, outputs, reference, data.labels, options, task.kind, metric)
-    check = figures.pop("check")
     relative = path.relative_to(root) if root is not None else path
-    row = {
-        "artifact": name, "path": str(relative), "size_bytes": _model_size(name, path), **figures,
-        "latency_ms_p50": float(np.median(latency)), "check": check,
-    }
+    row = ArtifactRow(artifact=name, path=str(relative), size_bytes=_model_size(name, path),
+                      max_abs_diff=figures.max_abs_diff, metrics=figures.metrics,
+                      latency_ms_p50=float(np.median(latency)), check=figures.check)
     logging.info("verified %s in %.1fs: max |diff| %.2e, %s, p50 %.3f ms", name, time.perf_counter() - started,
-                 figures["max_abs_diff"], describe_figures(figures, task.kind), row["latency_ms_p50"])
+                 row.max_abs_diff, describe_figures(row.metrics, task.kind), row.latency_ms_p50)
     return row
 
 
-def gate_message(result: dict[str, Any]) -> str:
+def gate_message(result: ExportReport) -> str:
     failures, keys = [], set()
-    for row in result["artifacts"]:
-        check = row["check"]
-        if not check["passed"]:
-            failures.append(f"{row['artifact']}: {check['figure']} {check['value']:.6g} is above the threshold "
-                            f"{check['threshold']:g} ({check['config_key']})")
-            keys.add(check["config_key"])
+    for row in result.failed:
+        check = row.check
+        failures.append(f"{row.artifact}: {check.figure} {check.value:.6g} is above the threshold "
+                        f"{check.threshold:g} ({check.config_key})")
+        keys.add(check.config_key)
     message = "; ".join(failures)
     if "export.max_quantized_degradation" in keys:
-        task = result.get("task") or {}
-        kind = task.get("kind", "binary")
-        message += (" (" + tolerance_note("export.max_quantized_degradation", kind, task.get("metric", "auto"),
-                                          task.get("label_std")) + ")")
+        # The report's task carries no label spread, so a regression's note names none.
+        message += (" (" + tolerance_note("export.max_quantized_degradation", result.kind,
+                                          (result.task.metric if result.task else "") or "auto") + ")")
     return message
 
 
@@ -256,28 +275,27 @@ def export_and_verify(
     data: EvalData,
     output_dir: str,
     options: ExportConfig,
-    optimization: dict[str, Any] | None = None,
+    optimization: OptimizationReport | None = None,
     metric: str = "auto",
-    calibration: dict[str, Any] | None = None,
-    request: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    calibration: CalibrationRecord | None = None,
+    request: RequestEncoding | None = None,
+) -> ExportReport:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
     beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants;
-    `calibration` (the model's calibration record, with its decision threshold) and `request` (how the training
-    CSV encodes a row: its missing-value markers and label columns, for `mlops predict --csv`) go into the report
-    as they are.
+    `optimization` (the Optimizer's report), `calibration` (the model's calibration record, with its decision
+    threshold) and `request` (how the training CSV encodes a row: its missing-value markers and label columns, for
+    `mlops predict --csv`) go into the report as they are.
     Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
-        result = verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric)
-        result["optimization"] = optimization or {}
-        result["calibration"] = calibration or {}
-        result["request"] = request or {}
-        result["seconds"] = round(time.perf_counter() - started, 1)
+        result = dataclasses.replace(
+            verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric),
+            optimization=optimization, calibration=calibration, request=request,
+            seconds=round(time.perf_counter() - started, 1))
         report.write(result, staging)
         artifacts.copy_tree(staging, output_dir)
-    if not result["passed"]:
+    if not result.passed:
         raise ExportGateError(f"export verification failed, nothing is pushed: {gate_message(result)}. "
                               f"Report: {artifacts.join(output_dir, artifacts.EXPORT_REPORT_JSON)}")
     return result

@@ -36,6 +36,7 @@ from components.specs import (
     TRANSFORM_GRAPH_KEY,
 )
 from components.tasks import task_from_transform
+from reports.records import OptimizationReport
 from settings.config import (
     CalibrationConfig,
     DataConfig,
@@ -79,8 +80,8 @@ def transformed_dataset(
     return dataset.batch(batch_size).map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-def _write_report(output_uri: str, report: dict[str, Any]) -> None:
-    artifacts.write_json(artifacts.join(output_uri, artifacts.OPTIMIZATION_REPORT_FILE), report, indent=2)
+def _write_report(output_uri: str, report: OptimizationReport) -> None:
+    artifacts.write_json(artifacts.join(output_uri, artifacts.OPTIMIZATION_REPORT_FILE), report.to_dict(), indent=2)
 
 
 def run_optimizer(
@@ -95,7 +96,7 @@ def run_optimizer(
     metric: str = "auto",
     calibration_uri: str | None = None,
     calibration: CalibrationConfig | None = None,
-) -> dict[str, Any]:
+) -> OptimizationReport:
     """Optimizes the Keras model of the Model artifact at `model_uri`, then calibrates it on the transformed
     split at `calibration_uri` (none: no calibration), and writes a full Model artifact to `output_uri`; returns the
     optimization report also written there (artifacts.OPTIMIZATION_REPORT_FILE), the calibration record beside it
@@ -142,12 +143,11 @@ def run_optimizer(
             result.model, dataset(calibration_uri, repeat=False), dataset(eval_uri, repeat=False), method,
             calibration, fitted_on=f"the '{artifacts.CALIBRATION_SPLIT}' split (data.calibration_buckets): rows the "
             "model did not train on and the Evaluator does not measure", measured_on="the eval split")
-        threshold = record["threshold"]
-        artifacts.write_json(artifacts.join(output_uri, artifacts.CALIBRATION_REPORT_JSON), record, indent=2)
+        threshold = record.threshold
+        artifacts.write_json(artifacts.join(output_uri, artifacts.CALIBRATION_REPORT_JSON), record.to_dict(), indent=2)
         logging.info("calibration: %s on %d rows, threshold %s (%s); eval calibration %.4f -> %.4f, AUC %.4f -> "
-                     "%.4f", method, record["rows"], threshold, record["objective"],
-                     record["before"]["calibration"], record["after"]["calibration"], record["before"]["auc"],
-                     record["after"]["auc"])
+                     "%.4f", method, record.rows, threshold, record.objective, record.before.calibration,
+                     record.after.calibration, record.before.auc, record.after.auc)
     else:
         logging.info("calibration: none (%s model, calibration.method %s, calibration split %s)", task.kind,
                      calibration.method, "present" if calibration_uri else "absent")
@@ -161,7 +161,7 @@ def run_optimizer(
         export_serving_model(final, tft_output, layout, serving_dir, task, decision_threshold=threshold)
         keras_path = save_keras_model(final, output_uri)
         logging.info("optimizer: wrote %s and %s (stages: %s%s)", serving_dir, keras_path,
-                     ", ".join(result.report["stages"]) or "none", f", calibrate ({method})" if method != "none"
+                     ", ".join(result.report.stages) or "none", f", calibrate ({method})" if method != "none"
                      else "")
     _write_report(output_uri, result.report)
     return result.report

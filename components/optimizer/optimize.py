@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import tensorflow_model_optimization as tfmot
 from absl import logging
 
 from components.tasks import describe_figures, task_metrics
+from reports.records import ModelFigures, OptimizationReport, OptimizationSummary
 from settings.config import OptimizeConfig, tolerance_note
 from settings.tasks import TASK_METRICS, higher_is_better, task_metric
 
@@ -34,7 +35,7 @@ _RAMP_FRACTION = 0.7
 class OptimizationGateError(ValueError):
     """Pruning worsened the eval metric more than optimize.max_degradation allows; `report` holds every figure."""
 
-    def __init__(self, message: str, report: dict[str, Any]):
+    def __init__(self, message: str, report: OptimizationReport):
         super().__init__(message)
         self.report = report
 
@@ -42,7 +43,7 @@ class OptimizationGateError(ValueError):
 @dataclass
 class OptimizationResult:
     model: tf.keras.Model
-    report: dict[str, Any] = field(default_factory=dict)
+    report: OptimizationReport
 
 
 def _dense_layers(model: tf.keras.Model) -> list[tf.keras.layers.Dense]:
@@ -253,15 +254,21 @@ def distill_model(
     return student
 
 
-def _describe(model: tf.keras.Model, metrics: dict[str, float]) -> dict[str, Any]:
-    return {
-        **metrics,
-        "parameters": int(model.count_params()),
-        "nonzero_parameters": nonzero_parameters(model),
-        "gzip_bytes": gzip_size(model),
-        "dense_units": [int(layer.units) for layer in _dense_layers(model)],
-        "kernel_sparsity": kernel_sparsity(model),
-    }
+def _describe(model: tf.keras.Model, metrics: dict[str, float], **pruning: Any) -> ModelFigures:
+    """The model's figures: `metrics` as `evaluate` returns them (the task's metrics and the rows), its size and
+    sparsity; `pruning`, the pruned model's pruned_from and degradation."""
+    figures = dict(metrics)
+    rows = int(figures.pop("rows"))
+    return ModelFigures(
+        metrics=figures,
+        rows=rows,
+        parameters=int(model.count_params()),
+        nonzero_parameters=nonzero_parameters(model),
+        gzip_bytes=gzip_size(model),
+        dense_units=tuple(int(layer.units) for layer in _dense_layers(model)),
+        kernel_sparsity=kernel_sparsity(model),
+        **pruning,
+    )
 
 
 def optimize(
@@ -291,21 +298,15 @@ def optimize(
     metric = task_metric(kind, metric)
     if not distill.enabled and not options.prune:
         logging.info("optimizer: nothing to do (optimize.prune is false, optimize.distill.enabled is false)")
-        return OptimizationResult(model, {
-            "stages": [],
-            "kind": kind,
-            "metric": metric,
-            "summary": {"output_stage": "input"},
-            "note": "nothing done: optimize.prune is false and optimize.distill.enabled is false, so the trained "
-                       "model passes through unchanged.",
-            "settings": settings,
-        })
+        return OptimizationResult(model, OptimizationReport(
+            kind=kind, metric=metric, settings=settings, summary=OptimizationSummary(output_stage="input"),
+            note="nothing done: optimize.prune is false and optimize.distill.enabled is false, so the trained "
+                 "model passes through unchanged."))
 
-    report: dict[str, Any] = {"stages": [], "kind": kind, "metric": metric, "settings": settings}
-    report["input"] = _describe(model, evaluate(model, evaluation, kind=kind))
+    report = OptimizationReport(kind=kind, metric=metric, settings=settings,
+                                input=_describe(model, evaluate(model, evaluation, kind=kind)))
     logging.info("optimizer: input model eval %s, %d parameters, %d gzipped bytes",
-                 describe_figures(report["input"], kind), report["input"]["parameters"],
-                 report["input"]["gzip_bytes"])
+                 describe_figures(report.input.metrics, kind), report.input.parameters, report.input.gzip_bytes)
     current, current_stage = model, "input"
 
     if distill.enabled:
@@ -316,50 +317,49 @@ def optimize(
             kind=kind,
         )
         current_stage = "distilled"
-        report["distilled"] = _describe(current, evaluate(current, evaluation, kind=kind))
-        report["stages"].append("distill")
+        report = dataclasses.replace(report, distilled=_describe(current, evaluate(current, evaluation, kind=kind)),
+                                     stages=(*report.stages, "distill"))
         logging.info("optimizer: student eval %s %.4f (teacher %.4f), %d parameters (teacher %d)", metric,
-                     report["distilled"][metric], report["input"][metric], report["distilled"]["parameters"],
-                     report["input"]["parameters"])
+                     report.distilled.metrics[metric], report.input.metrics[metric], report.distilled.parameters,
+                     report.input.parameters)
 
     if options.prune:
-        before = report[current_stage][metric]
-        pruned = prune_model(
+        before = report.model(current_stage).metrics[metric]
+        pruned_model = prune_model(
             current, train, target_sparsity=options.target_sparsity, steps=options.fine_tune_steps,
             learning_rate=options.learning_rate, seed=seed, class_weight=class_weight, loss=loss,
         )
-        stats = _describe(pruned, evaluate(pruned, evaluation, kind=kind))
-        stats["pruned_from"] = current_stage
-        stats["degradation"], passed = pruning_gate(before, stats[metric], options.max_degradation,
-                                                    higher_is_better(kind, metric))
-        report["pruned"] = stats
-        report["stages"].append("prune")
+        metrics = evaluate(pruned_model, evaluation, kind=kind)
+        worse, passed = pruning_gate(before, metrics[metric], options.max_degradation,
+                                     higher_is_better(kind, metric))
+        pruned = _describe(pruned_model, metrics, pruned_from=current_stage, degradation=worse)
+        report = dataclasses.replace(report, pruned=pruned, stages=(*report.stages, "prune"))
+        after = pruned.metrics[metric]
         logging.info("optimizer: pruned eval %s %.4f (%.4f before pruning), kernel sparsity %s, %d -> %d gzipped "
-                     "bytes", metric, stats[metric], before, stats["kernel_sparsity"],
-                     report[current_stage]["gzip_bytes"], stats["gzip_bytes"])
+                     "bytes", metric, after, before, pruned.kernel_sparsity,
+                     report.model(current_stage).gzip_bytes, pruned.gzip_bytes)
         if not passed:
-            report["summary"] = _summary(report, "input", "pruned")
-            if not (math.isfinite(before) and math.isfinite(stats[metric])):
+            report = dataclasses.replace(report, summary=_summary(report, "input", "pruned"))
+            if not (math.isfinite(before) and math.isfinite(after)):
                 # No tolerance passes a NaN: naming the limit would send the user to a dead end.
                 raise OptimizationGateError(
-                    f"the eval {metric} is {before} before pruning and {stats[metric]} after, so no tolerance can "
+                    f"the eval {metric} is {before} before pruning and {after} after, so no tolerance can "
                     "pass: the model or the eval rows hold a value that is not a number (a missing label, a NaN "
                     "training loss); check the label column and the Trainer's log.", report)
             raise OptimizationGateError(
                 f"pruning to {options.target_sparsity:.0%} sparsity worsened the eval {metric} by "
-                f"{stats['degradation']:.4f} ({before:.4f} to {stats[metric]:.4f}), more than "
+                f"{worse:.4f} ({before:.4f} to {after:.4f}), more than "
                 f"optimize.max_degradation={options.max_degradation}; allow more with optimize.max_degradation "
                 "or fine-tune longer with optimize.fine_tune_steps ("
                 f"{tolerance_note('optimize.max_degradation', kind, metric, label_std)}).",
                 report,
             )
-        current, current_stage = pruned, "pruned"
+        current, current_stage = pruned_model, "pruned"
 
-    report["summary"] = _summary(report, "input", current_stage)
-    return OptimizationResult(current, report)
+    return OptimizationResult(current, dataclasses.replace(report, summary=_summary(report, "input", current_stage)))
 
 
-def _summary(report: dict[str, Any], first: str, last: str) -> dict[str, Any]:
-    keys = (*TASK_METRICS[report["kind"]], "parameters", "nonzero_parameters", "gzip_bytes")
-    return {"output_stage": last, **{f"{key}_before": report[first][key] for key in keys},
-            **{f"{key}_after": report[last][key] for key in keys}}
+def _summary(report: OptimizationReport, first: str, last: str) -> OptimizationSummary:
+    keys = (*TASK_METRICS[report.kind], "parameters", "nonzero_parameters", "gzip_bytes")
+    return OptimizationSummary(output_stage=last, before={key: report.model(first).figure(key) for key in keys},
+                               after={key: report.model(last).figure(key) for key in keys})

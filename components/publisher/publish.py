@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reports.records import REFERENCE_ARTIFACT, ExportReport
 from serving.repository.base import PUBLICATION_FILE, TRACK_CONFIG_FILES, RepositoryError, content_digest, file_sha256
 from serving.repository.factory import open_repository
 from settings.files import EXPORT_REPORT_JSON, TRAINING_SCHEMA_FILE, TRAINING_STATISTICS_FILE
@@ -93,40 +94,37 @@ def _file_entry(path: str) -> dict[str, object]:
     return {"sha256": file_sha256(_gfile_chunks(path)), "bytes": tf.io.gfile.stat(path).length}
 
 
-def _export_report(source_dir: str) -> dict[str, Any] | None:
+def _export_report(source_dir: str) -> ExportReport | None:
     import tensorflow as tf
 
     path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_JSON)
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+        try:
+            return ExportReport.from_dict(json.load(f))
+        except ValueError as e:
+            raise RepositoryError(f"the export report {path} cannot be read ({e}); export the model again.") from None
 
 
-def export_verdict(source_dir: str) -> bool | None:
-    """The export report's verdict (True: every format agreed with the SavedModel), None without a report."""
-    report = _export_report(source_dir)
-    return None if report is None else bool(report.get("passed"))
-
-
-def export_task(source_dir: str) -> dict[str, Any] | None:
-    """What the export report says the model predicts (kind, output, classes, the metric that judged it) and its
-    SavedModel's eval figures, for publication.json; None without a report or for one written before task kinds."""
-    report = _export_report(source_dir)
-    if not report or "task" not in report:
-        return None
-    return {**report["task"], "eval": report.get("reference", {})}
-
-
-def export_calibration(source_dir: str) -> dict[str, Any] | None:
-    """How the model's probabilities were calibrated and the decision threshold chosen for them, from the export
-    report, for publication.json; None when the model was not calibrated."""
-    report = _export_report(source_dir)
-    calibration = (report or {}).get("calibration") or {}
-    if not calibration.get("method") or calibration["method"] == "none":
-        return None
-    return {key: calibration[key] for key in ("method", "threshold", "objective", "fitted_on", "rows")
-            if key in calibration}
+def publication_fields(report: ExportReport) -> dict[str, Any]:
+    """What publication.json carries from the export report: the task (kind, output, classes, the metric that judged
+    it, with the SavedModel's eval figures), the calibration (method and decision threshold) when the model was
+    calibrated, and how the training CSV encodes a request row; a report written before task kinds has no task."""
+    fields: dict[str, Any] = {}
+    if report.task is not None:
+        # A client or a rollout can tell a classifier's probabilities from a regression's value without the model.
+        fields["task"] = {**report.task.to_dict(), "eval": {"artifact": REFERENCE_ARTIFACT, **report.reference}}
+    calibration = report.calibration
+    if calibration is not None and calibration.method not in ("", "none"):
+        # A client turns a probability into a decision with the threshold chosen for this version.
+        fields["calibration"] = {"method": calibration.method, "threshold": calibration.threshold,
+                                 "objective": calibration.objective, "fitted_on": calibration.fitted_on,
+                                 "rows": calibration.rows}
+    if report.request is not None:
+        # `mlops predict --csv` reads rows as the training CSV was read: its markers, without its label.
+        fields["request"] = report.request.to_dict()
+    return fields
 
 
 def publish_model(
@@ -141,21 +139,12 @@ def publish_model(
     config start serving it, so that a server started on the repository has something to answer with; after that
     a rollout (`mlops rollout start --version V`) moves traffic.
     """
-    if export_verdict(source_dir) is False:
+    report = _export_report(source_dir)
+    if report is not None and not report.passed:
         raise RepositoryError(f"the export report in {source_dir} failed; a model whose formats disagree is never "
                               "published. Fix the export (see export_report.html) and run again.")
-    task = export_task(source_dir)
-    if task is not None:
-        # A client or a rollout can tell a classifier's probabilities from a regression's value without the model.
-        record = {**record, "task": task}
-    calibration = export_calibration(source_dir)
-    if calibration is not None:
-        # A client turns a probability into a decision with the threshold chosen for this version.
-        record = {**record, "calibration": calibration}
-    request = (_export_report(source_dir) or {}).get("request")
-    if request:
-        # `mlops predict --csv` reads rows as the training CSV was read: its markers, without its label.
-        record = {**record, "request": request}
+    if report is not None:
+        record = {**record, **publication_fields(report)}
     repository = open_repository(serving_base_dir)
     manifest = source_manifest(source_dir)
     if PUBLICATION_FILE in manifest:

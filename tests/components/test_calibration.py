@@ -22,6 +22,7 @@ from components.calibration import (
     sigmoid,
     softmax,
 )
+from reports.records import Confusion
 from settings.config import CalibrationConfig
 
 
@@ -39,9 +40,9 @@ def test_platt_recovers_a_known_slope_and_shift():
     assert calibration.scale == pytest.approx(0.5, abs=0.03)
     assert calibration.shift == pytest.approx(-0.8, abs=0.05)
     raw, fitted = binary_figures(sigmoid(z), labels, 0.5), binary_figures(apply(calibration, z), labels, 0.5)
-    assert raw["calibration"] > 1.2, "the synthetic model is miscalibrated to begin with"
-    assert fitted["calibration"] == pytest.approx(1.0, abs=0.01)
-    assert fitted["auc"] == pytest.approx(raw["auc"], abs=1e-12), "an increasing map keeps the ranking"
+    assert raw.calibration > 1.2, "the synthetic model is miscalibrated to begin with"
+    assert fitted.calibration == pytest.approx(1.0, abs=0.01)
+    assert fitted.auc == pytest.approx(raw.auc, abs=1e-12), "an increasing map keeps the ranking"
 
 
 def test_platt_on_calibrated_scores_is_the_identity():
@@ -100,7 +101,7 @@ def test_min_precision_threshold_just_inside_and_outside_the_bound(min_precision
     chosen = choose_threshold(PROBS, LABELS, "min_precision", min_precision)
     assert chosen == pytest.approx(threshold)
     figures = binary_figures(PROBS, LABELS, chosen)
-    assert figures["precision"] >= min_precision
+    assert figures.precision >= min_precision
 
 
 def test_min_precision_that_no_threshold_reaches_stops_with_the_key_to_change():
@@ -161,21 +162,21 @@ def test_calibrate_fits_on_one_set_of_rows_and_measures_on_another():
     layer.set_weights([kernel * 2.0, bias + 1.0])
     options = dataclasses.replace(CalibrationConfig(), threshold_objective="f1")
     calibrated, record = calibrate(model, rows(seed=2), rows(seed=3), "platt", options, "fit rows", "measure rows")
-    assert record["fitted_on"] == "fit rows" and record["rows"] == 4000 and record["measured_rows"] == 4000
+    assert record.fitted_on == "fit rows" and record.rows == 4000 and record.measured_rows == 4000
     fit_labels = np.concatenate([y.numpy() for _, y in rows(seed=2)])
-    assert record["positive_rate"]["fitted"] == pytest.approx(float(np.mean(fit_labels)))
-    assert record["before"]["calibration"] > 1.15
-    assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
-    assert record["after"]["auc"] == pytest.approx(record["before"]["auc"], abs=1e-6)
-    assert 0.0 < record["threshold"] < 1.0 and record["objective"] == "f1"
+    assert record.positive_rate_fitted == pytest.approx(float(np.mean(fit_labels)))
+    assert record.before.calibration > 1.15
+    assert record.after.calibration == pytest.approx(1.0, abs=0.05)
+    assert record.after.auc == pytest.approx(record.before.auc, abs=1e-6)
+    assert 0.0 < record.threshold < 1.0 and record.objective == "f1"
     features = next(iter(rows(seed=3).unbatch().batch(4000)))[0]
     served = calibrated(features).numpy().reshape(-1)
     labels = np.concatenate([y.numpy() for _, y in rows(seed=3)])
-    assert binary_figures(served, labels, record["threshold"]) == pytest.approx(record["after"], abs=1e-6)
-    predicted = served > record["threshold"]
-    assert record["confusion_at_threshold"] == {
-        "tp": int(np.sum(predicted & (labels == 1))), "fp": int(np.sum(predicted & (labels == 0))),
-        "fn": int(np.sum(~predicted & (labels == 1))), "tn": int(np.sum(~predicted & (labels == 0)))}
+    assert binary_figures(served, labels, record.threshold).to_dict() == pytest.approx(record.after.to_dict(), abs=1e-6)
+    predicted = served > record.threshold
+    assert record.confusion_at_threshold == Confusion(
+        tp=int(np.sum(predicted & (labels == 1))), fp=int(np.sum(predicted & (labels == 0))),
+        fn=int(np.sum(~predicted & (labels == 1))), tn=int(np.sum(~predicted & (labels == 0))))
 
 
 def test_temperature_calibration_of_a_softmax_model_folds_too():
@@ -210,12 +211,13 @@ def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
     calibration = fit_temperature(logits[:1500], labels[:1500])
     record = calibration_record(calibration, CalibrationConfig(), logits[:1500], labels[:1500], logits[1500:],
                                 labels[1500:], "fit rows", "measure rows")
-    assert record["method"] == "temperature" and record["threshold"] is None and record["objective"] == "argmax"
-    assert record["temperature"] == pytest.approx(2.0, rel=0.1)
-    assert record["before"]["calibration"] > 1.1, "over-confident before"
-    assert record["after"]["calibration"] == pytest.approx(1.0, abs=0.05)
-    for key in ("precision", "recall"):
-        assert record["after"][key] == pytest.approx(record["before"][key]), "temperature keeps every argmax"
+    assert record.method == "temperature" and record.threshold is None and record.objective == "argmax"
+    assert record.temperature == pytest.approx(2.0, rel=0.1)
+    assert record.before.calibration > 1.1, "over-confident before"
+    assert record.after.calibration == pytest.approx(1.0, abs=0.05)
+    # Temperature keeps every argmax.
+    assert (record.after.precision, record.after.recall) == pytest.approx((record.before.precision,
+                                                                           record.before.recall))
 
 
 def shifted_rows(n=4000, seed=0):
@@ -232,16 +234,16 @@ def test_a_fit_that_worsens_the_measured_calibration_is_not_applied():
     model.fit(rows(seed=1), epochs=3, verbose=0)
     calibrated, record = calibrate(model, shifted_rows(seed=2), rows(seed=3), "platt", CalibrationConfig(),
                                    "fit rows", "measure rows")
-    assert record["applied"] is False
-    assert abs(record["rejected"]["after"] - 1) > abs(record["rejected"]["before"] - 1)
-    assert record["note"].startswith("platt scaling moved the eval calibration from ")
-    assert record["note"].endswith("further from 1, so it is not applied")
-    assert record["after"]["calibration"] == pytest.approx(record["before"]["calibration"])
-    assert 0.0 < record["threshold"] < 1.0, "the threshold is still chosen, on the model's own probabilities"
+    assert record.applied is False
+    assert abs(record.rejected_after - 1) > abs(record.rejected_before - 1)
+    assert record.note.startswith("platt scaling moved the eval calibration from ")
+    assert record.note.endswith("further from 1, so it is not applied")
+    assert record.after.calibration == pytest.approx(record.before.calibration)
+    assert 0.0 < record.threshold < 1.0, "the threshold is still chosen, on the model's own probabilities"
     features = next(iter(rows(seed=3).unbatch().batch(4000)))[0]
     np.testing.assert_allclose(calibrated(features).numpy(), model(features).numpy(), atol=1e-6)
     _, kept = calibrate(model, rows(seed=2), rows(seed=3), "platt", CalibrationConfig(), "fit rows", "measure rows")
-    assert kept["applied"] is True
+    assert kept.applied is True
 
 
 def test_expected_calibration_error_over_equal_mass_bins():
@@ -255,7 +257,7 @@ def test_expected_calibration_error_over_equal_mass_bins():
     assert expected_calibration_error(np.full(20, 0.9), np.array([1] * 12 + [0] * 8)) == pytest.approx(0.3)
     assert np.isnan(expected_calibration_error(np.array([]), np.array([])))
     figures = binary_figures(np.full(20, 0.9), np.array([1] * 12 + [0] * 8), 0.5)
-    assert figures["ece"] == pytest.approx(0.3)
+    assert figures.ece == pytest.approx(0.3)
 
 
 def test_the_record_holds_a_reliability_diagram_before_and_after():
@@ -265,12 +267,12 @@ def test_the_record_holds_a_reliability_diagram_before_and_after():
     record = calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
                                 labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
     for key in ("before", "after"):
-        points = record["reliability"][key]
+        points = getattr(record, f"reliability_{key}")
         assert len(points) == 10 and sum(rows for _, _, rows in points) == 1500
         assert all(0 <= confidence <= 1 and 0 <= right <= 1 for confidence, right, _ in points)
     # Over-confident before (each bin right less often than it claims), close to the diagonal after.
-    gap = {key: np.mean([c - r for c, r, _ in record["reliability"][key]]) for key in ("before", "after")}
+    gap = {key: np.mean([c - r for c, r, _ in getattr(record, f"reliability_{key}")]) for key in ("before", "after")}
     assert gap["before"] > 0.05 and abs(gap["after"]) < gap["before"]
     from reports.run_page import _calibration
 
-    assert "data-chart='reliability'" in _calibration({"calibration": record})
+    assert "data-chart='reliability'" in _calibration({"calibration": record.to_dict()})

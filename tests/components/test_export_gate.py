@@ -23,9 +23,11 @@ from components.exporter.export import (
 )
 from components.exporter.runtimes import Runner
 from components.tasks import Task
+from reports.records import ArtifactCheck, ArtifactRow, ExportReport, ExportTask, OptimizationReport
 from settings.config import ExportConfig
 
 QUANTIZED_ARTIFACTS = ("tflite/dynamic", "tflite/float16", "tflite/int8")
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 # Non-default limits, so a gate that reads the default or the other format's limit fails these tests.
 MAX_ABS_DIFF = 5e-5
 MAX_AUC_DROP = 0.02
@@ -83,10 +85,10 @@ def test_float_format_at_max_abs_diff(eval_set, name, largest, passes):
     reference, labels = eval_set
     probabilities = float_noise(reference, largest)
     row = check_artifact(name, probabilities, reference, labels, options())
-    assert row["max_abs_diff"] == pytest.approx(largest, rel=1e-3)
-    assert row["auc"] == pytest.approx(roc_auc_score(labels, probabilities))
-    assert row["check"] == {"figure": "max_abs_diff", "value": row["max_abs_diff"], "threshold": MAX_ABS_DIFF,
-                            "config_key": "export.max_abs_diff", "passed": passes}
+    assert row.max_abs_diff == pytest.approx(largest, rel=1e-3)
+    assert row.metrics["auc"] == pytest.approx(roc_auc_score(labels, probabilities))
+    assert row.check == ArtifactCheck(figure="max_abs_diff", value=row.max_abs_diff, threshold=MAX_ABS_DIFF,
+                                      config_key="export.max_abs_diff", passed=passes)
 
 
 @pytest.mark.parametrize("name", FLOAT_ARTIFACTS)
@@ -94,8 +96,8 @@ def test_float_format_is_judged_by_its_difference_not_by_auc(eval_set, name):
     reference, labels = eval_set
     # Rounding noise leaves AUC as it is; the quantized allowance, however generous or strict, does not apply.
     close, far = float_noise(reference, 0.5 * MAX_ABS_DIFF), float_noise(reference, 3 * MAX_ABS_DIFF)
-    assert check_artifact(name, close, reference, labels, options(max_quantized_degradation=-0.5))["check"]["passed"]
-    assert not check_artifact(name, far, reference, labels, options(max_quantized_degradation=0.5))["check"]["passed"]
+    assert check_artifact(name, close, reference, labels, options(max_quantized_degradation=-0.5)).check.passed
+    assert not check_artifact(name, far, reference, labels, options(max_quantized_degradation=0.5)).check.passed
 
 
 @pytest.mark.parametrize("name", QUANTIZED_ARTIFACTS)
@@ -104,12 +106,12 @@ def test_quantized_variant_at_max_quantized_degradation(eval_set, name, low, hig
     reference, labels = eval_set
     quantized = with_auc_drop(reference, labels, low, high)
     row = check_artifact(name, quantized, reference, labels, options())
-    assert low < row["check"]["value"] < high
-    assert row["check"]["value"] == pytest.approx(auc_drop(labels, reference, quantized))
-    assert row["check"] == {"figure": "auc_degradation", "value": row["check"]["value"], "threshold": MAX_AUC_DROP,
-                            "config_key": "export.max_quantized_degradation", "passed": passes}
+    assert low < row.check.value < high
+    assert row.check.value == pytest.approx(auc_drop(labels, reference, quantized))
+    assert row.check == ArtifactCheck(figure="auc_degradation", value=row.check.value, threshold=MAX_AUC_DROP,
+                                      config_key="export.max_quantized_degradation", passed=passes)
     # Blending with noise moves probabilities far more than max_abs_diff: quantized variants are not held to it.
-    assert row["max_abs_diff"] > 100 * MAX_ABS_DIFF
+    assert row.max_abs_diff > 100 * MAX_ABS_DIFF
 
 
 @pytest.mark.parametrize("name", QUANTIZED_ARTIFACTS)
@@ -118,19 +120,19 @@ def test_a_quantized_variant_that_gains_auc_passes(eval_set, name):
     # The SavedModel is the worse model here: the variant gains 0.02-0.03 of AUC, a drop of -0.02 or less.
     worse = with_auc_drop(reference, labels, 0.0201, 0.03)
     row = check_artifact(name, reference, worse, labels, options())
-    assert row["check"]["value"] < -MAX_AUC_DROP
-    assert row["check"]["passed"]
+    assert row.check.value < -MAX_AUC_DROP
+    assert row.check.passed
 
 
 def test_figures_exactly_at_their_thresholds_pass(eval_set):
     reference, labels = eval_set
     probabilities = float_noise(reference, 0.7 * MAX_ABS_DIFF)
     diff = float(np.max(np.abs(probabilities - reference)))
-    assert check_artifact("onnx", probabilities, reference, labels, options(max_abs_diff=diff))["check"]["passed"]
+    assert check_artifact("onnx", probabilities, reference, labels, options(max_abs_diff=diff)).check.passed
     quantized = with_auc_drop(reference, labels, 0.01, 0.02)
     drop = export._metrics(reference, labels)["auc"] - export._metrics(quantized, labels)["auc"]
     assert check_artifact("tflite/int8", quantized, reference, labels,
-                          options(max_quantized_degradation=drop))["check"]["passed"]
+                          options(max_quantized_degradation=drop)).check.passed
 
 
 def test_metrics_accuracy_counts_one_half_as_negative_and_auc_needs_both_classes():
@@ -170,24 +172,25 @@ def stand_in_artifacts(tmp_path, eval_set, onnx_diff, int8_drop):
 def test_verify_reports_every_format_and_passes_only_when_each_does(tmp_path, eval_set):
     artifacts, data = stand_in_artifacts(tmp_path, eval_set, 0.9 * MAX_ABS_DIFF, (0.005, 0.015))
     result = verify(artifacts, data, options())
-    assert result["passed"] and result["eval_rows"] == 2000
-    assert result["reference"] == {"artifact": "saved_model", **export._metrics(eval_set[0], eval_set[1])}
-    rows = {row["artifact"]: row for row in result["artifacts"]}
+    assert result.passed and result.eval_rows == 2000
+    assert result.reference == export._metrics(eval_set[0], eval_set[1])
+    assert result.to_dict()["reference"] == {"artifact": "saved_model", **result.reference}
+    rows = {row.artifact: row for row in result.artifacts}
     assert list(rows) == ["saved_model", "onnx", "tflite/int8"]
-    assert rows["saved_model"]["max_abs_diff"] == 0.0 and rows["saved_model"]["size_bytes"] == 1000
-    assert rows["onnx"]["max_abs_diff"] == pytest.approx(0.9 * MAX_ABS_DIFF, rel=1e-3)
-    assert rows["tflite/int8"]["size_bytes"] == 3000 and rows["tflite/int8"]["check"]["figure"] == "auc_degradation"
+    assert rows["saved_model"].max_abs_diff == 0.0 and rows["saved_model"].size_bytes == 1000
+    assert rows["onnx"].max_abs_diff == pytest.approx(0.9 * MAX_ABS_DIFF, rel=1e-3)
+    assert rows["tflite/int8"].size_bytes == 3000 and rows["tflite/int8"].check.figure == "auc_degradation"
     for name, row in rows.items():
-        assert row["path"] == str(artifacts[name][0]) and row["latency_ms_p50"] > 0
-        assert row["auc"] == pytest.approx(roc_auc_score(data.labels, artifacts[name][1].probabilities))
-        assert row["check"]["passed"]
+        assert row.path == str(artifacts[name][0]) and row.latency_ms_p50 > 0
+        assert row.metrics["auc"] == pytest.approx(roc_auc_score(data.labels, artifacts[name][1].probabilities))
+        assert row.check.passed
 
     for onnx_diff, int8_drop, failing in [(1.1 * MAX_ABS_DIFF, (0.005, 0.015), {"onnx"}),
                                           (0.9 * MAX_ABS_DIFF, (0.021, 0.03), {"tflite/int8"})]:
         artifacts, data = stand_in_artifacts(tmp_path / str(onnx_diff), eval_set, onnx_diff, int8_drop)
         result = verify(artifacts, data, options())
-        assert not result["passed"]
-        assert {r["artifact"] for r in result["artifacts"] if not r["check"]["passed"]} == failing
+        assert not result.passed
+        assert {row.artifact for row in result.failed} == failing
 
 
 def test_verify_sizes_a_model_folder_without_what_lies_beside_it(tmp_path, eval_set):
@@ -201,27 +204,31 @@ def test_verify_sizes_a_model_folder_without_what_lies_beside_it(tmp_path, eval_
         path.write_bytes(b"\0" * size)
     artifacts = {"saved_model": (saved_model, FixedRunner(reference)), "tfjs": (tfjs, FixedRunner(reference))}
     result = verify(artifacts, EvalData({"row": np.arange(len(labels))}, labels, {}), options())
-    assert [row["size_bytes"] for row in result["artifacts"]] == [350, 30]
+    assert [row.size_bytes for row in result.artifacts] == [350, 30]
+
+
+def checked_row(name, figure, value, threshold, config_key, passed):
+    """An artifact row as the export report holds it, with only its check filled in."""
+    return ArtifactRow(artifact=name, path=name, size_bytes=0, max_abs_diff=0.0, metrics={}, latency_ms_p50=0.0,
+                       check=ArtifactCheck(figure, value, threshold, config_key, passed))
 
 
 def test_gate_message_names_each_failing_format_its_figure_and_key():
-    result = {"artifacts": [
-        {"artifact": "saved_model", "check": {"figure": "max_abs_diff", "value": 0.0, "threshold": 5e-5,
-                                              "config_key": "export.max_abs_diff", "passed": True}},
-        {"artifact": "onnx", "check": {"figure": "max_abs_diff", "value": 5.1e-05, "threshold": 5e-5,
-                                       "config_key": "export.max_abs_diff", "passed": False}},
-        {"artifact": "tflite/int8", "check": {"figure": "auc_degradation", "value": 0.0203, "threshold": 0.02,
-                                              "config_key": "export.max_quantized_degradation", "passed": False}},
-    ]}
+    result = ExportReport(passed=False, artifacts=(
+        checked_row("saved_model", "max_abs_diff", 0.0, 5e-5, "export.max_abs_diff", True),
+        checked_row("onnx", "max_abs_diff", 5.1e-05, 5e-5, "export.max_abs_diff", False),
+        checked_row("tflite/int8", "auc_degradation", 0.0203, 0.02, "export.max_quantized_degradation", False),
+    ))
     assert gate_message(result) == (
         "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
         "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation) "
         "(optimize.max_degradation and evaluation.max_degradation limit the same eval auc in the same units, so "
         "raise them alike)"
     )
-    result["task"] = {"kind": "regression", "metric": "rmse"}
-    result["artifacts"][2]["check"].update(figure="rmse_degradation", value=30.0)
-    message = gate_message(result)
+    regression = dataclasses.replace(result, task=ExportTask(kind="regression", metric="rmse"), artifacts=(
+        *result.artifacts[:2],
+        checked_row("tflite/int8", "rmse_degradation", 30.0, 0.02, "export.max_quantized_degradation", False)))
+    message = gate_message(regression)
     assert "optimize.max_degradation and evaluation.max_degradation limit the same eval rmse" in message
     assert "a regression's rmse is in the label's units, and 2.5% of that spread is a usual tolerance" in message
 
@@ -231,7 +238,8 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
     """The Exporter's function with the converters stood in: the report lands either way; a miss raises."""
     _, data = stand_in_artifacts(tmp_path / "unused", eval_set, onnx_diff, (0.005, 0.015))
     data.representative = {"row": np.arange(10)}
-    model, spec, optimization = object(), {"features": []}, {"stages": ["prune"]}
+    model, spec = object(), {"features": []}
+    optimization = OptimizationReport(kind="binary", metric="auc", stages=("prune",))
     output_dir = tmp_path / "version"
     output_dir.mkdir()
 
@@ -248,16 +256,17 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
     monkeypatch.setattr(export, "time", SimpleNamespace(perf_counter=lambda: next(readings, 112.34)))
     if passes:
         result = export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
-        assert result["passed"] and result["optimization"] == optimization and result["seconds"] == 12.3
+        assert result.passed and result.optimization == optimization and result.seconds == 12.3
     else:
         with pytest.raises(ExportGateError) as error:
             export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
     report = json.loads((output_dir / "export_report.json").read_text())
     if not passes:
-        assert str(error.value) == (f"export verification failed, nothing is pushed: {gate_message(report)}. "
+        read_back = ExportReport.from_dict(report)
+        assert str(error.value) == (f"export verification failed, nothing is pushed: {gate_message(read_back)}. "
                                     f"Report: {output_dir / 'export_report.json'}")
-        assert gate_message(report).startswith("onnx: max_abs_diff ")
-    assert report["passed"] is passes and report["optimization"] == optimization
+        assert gate_message(read_back).startswith("onnx: max_abs_diff ")
+    assert report["passed"] is passes and report["optimization"] == optimization.to_dict()
     assert (output_dir / "export_report.html").is_file()
 
 
@@ -276,13 +285,14 @@ def test_verify_judges_by_the_task_and_metric_it_is_given(tmp_path):
     built, data = regression_artifacts(tmp_path)
     task = Task("regression", label_mean=3.0, label_std=2.0)
     result = verify(built, data, options(max_quantized_degradation=0.3), root=tmp_path, task=task, metric="mae")
-    assert result["task"] == {**task.describe(), "metric": "mae"}
-    assert set(result["reference"]) == {"artifact", "rmse", "mae", "r2"}
-    rows = {row["artifact"]: row for row in result["artifacts"]}
+    assert result.task == ExportTask(kind="regression", output=task.output_name, metric="mae")
+    assert result.to_dict()["task"] == {**task.describe(), "metric": "mae"}
+    assert set(result.reference) == {"rmse", "mae", "r2"}
+    rows = {row.artifact: row for row in result.artifacts}
     # MAE 0.5 -> 0.625 on these rows: 0.125 worse, within 0.3; and the paths are relative to the version folder.
-    assert rows["tflite/int8"]["check"]["figure"] == "mae_degradation"
-    assert rows["tflite/int8"]["check"]["value"] == pytest.approx(0.125)
-    assert [row["path"] for row in result["artifacts"]] == ["model0.bin", "model1.bin"]
+    assert rows["tflite/int8"].check.figure == "mae_degradation"
+    assert rows["tflite/int8"].check.value == pytest.approx(0.125)
+    assert [row.path for row in result.artifacts] == ["model0.bin", "model1.bin"]
 
 
 def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the_spec(tmp_path, monkeypatch):
@@ -301,4 +311,8 @@ def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the
     report = json.loads((output_dir / "export_report.json").read_text())
     assert report["task"]["kind"] == "regression" and report["task"]["metric"] == "mae"
     assert [row["path"] for row in report["artifacts"]] == ["model0.bin", "model1.bin"]
-    assert result["passed"] and (output_dir / "model1.bin").is_file()
+    # The layout of the report a regression run of the pipeline wrote before the typed records.
+    written = json.loads((REPORTS / "diabetes" / "export_report.json").read_text())
+    assert list(report) == list(written) and list(report["task"]) == list(written["task"])
+    assert [list(row) for row in report["artifacts"]] == [list(row) for row in written["artifacts"][:2]]
+    assert result.passed and (output_dir / "model1.bin").is_file()

@@ -19,6 +19,7 @@ from components.exporter.export import EvalData, ExportGateError, _representativ
 from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from components.model import export_serving_model
+from reports.records import CalibrationFigures, CalibrationRecord
 from settings.config import ExportConfig
 from tests.components.small_model import build_small_model
 
@@ -50,18 +51,18 @@ def exported(small, spec, tmp_path_factory):
 
 def test_every_format_runs_in_its_runtime_and_agrees(exported):
     _, result = exported
-    rows = {row["artifact"]: row for row in result["artifacts"]}
+    rows = {row.artifact: row for row in result.artifacts}
     assert set(rows) == {"saved_model", "tflite/float32", "tflite/dynamic", "tflite/float16", "tflite/int8", "onnx",
                          "tfjs"}
-    assert result["passed"] and result["eval_rows"] == 1000
-    assert result["reference"]["auc"] > 0.8  # the model learned something, so AUC comparisons mean something
+    assert result.passed and result.eval_rows == 1000
+    assert result.reference["auc"] > 0.8  # the model learned something, so AUC comparisons mean something
     for name in ("tflite/float32", "onnx", "tfjs"):
-        assert rows[name]["max_abs_diff"] <= 1e-4, name
+        assert rows[name].max_abs_diff <= 1e-4, name
     for name in ("tflite/dynamic", "tflite/float16", "tflite/int8"):
-        assert rows[name]["auc"] >= result["reference"]["auc"] - 0.01, name
+        assert rows[name].metrics["auc"] >= result.reference["auc"] - 0.01, name
     for row in rows.values():
-        assert row["size_bytes"] > 0 and row["latency_ms_p50"] > 0 and row["check"]["passed"]
-    assert rows["tflite/int8"]["size_bytes"] < rows["tflite/float32"]["size_bytes"]
+        assert row.size_bytes > 0 and row.latency_ms_p50 > 0 and row.check.passed
+    assert rows["tflite/int8"].size_bytes < rows["tflite/float32"].size_bytes
 
 
 def test_version_folder_holds_every_format_beside_the_saved_model(exported):
@@ -184,7 +185,7 @@ def test_float_formats_are_held_to_max_abs_diff_on_their_own(small, spec, tmp_pa
     for name, runner in converted.items():
         result = verify({"saved_model": reference, name: (output_dir, runner)}, eval_data(small),
                         options(max_abs_diff=1.05 * expected))
-        assert result["passed"], name
+        assert result.passed, name
 
 
 @pytest.fixture(scope="module")
@@ -198,17 +199,17 @@ def test_quantized_variants_are_held_to_max_quantized_degradation_on_their_own(e
     """Each quantized variant's measured AUC drop against the SavedModel: a limit 1e-4 above it passes, 1e-4 below
     fails, and the float limit plays no part (0 here, which only the SavedModel itself meets)."""
     output_dir, result = exported
-    rows = {row["artifact"]: row for row in result["artifacts"]}
-    drop = rows[f"tflite/{variant}"]["check"]["value"]
-    assert drop == pytest.approx(result["reference"]["auc"] - rows[f"tflite/{variant}"]["auc"], abs=1e-12)
+    rows = {row.artifact: row for row in result.artifacts}
+    drop = rows[f"tflite/{variant}"].check.value
+    assert drop == pytest.approx(result.reference["auc"] - rows[f"tflite/{variant}"].metrics["auc"], abs=1e-12)
     artifacts = {"saved_model": exported_saved_model,
                  f"tflite/{variant}": (output_dir, TFLiteRunner(
                      str(output_dir / "tflite" / f"model_{variant}.tflite"), spec))}
     for limit, passes in [(drop + 1e-4, True), (drop - 1e-4, False)]:
         checked = verify(artifacts, eval_data(small), options(max_quantized_degradation=limit, max_abs_diff=0.0))
-        row = checked["artifacts"][1]
-        assert row["check"]["figure"] == "auc_degradation" and row["check"]["value"] == pytest.approx(drop, abs=1e-12)
-        assert row["check"]["passed"] is passes and checked["passed"] is passes
+        row = checked.artifacts[1]
+        assert row.check.figure == "auc_degradation" and row.check.value == pytest.approx(drop, abs=1e-12)
+        assert row.check.passed is passes and checked.passed is passes
 
 
 def test_a_calibrated_model_exports_and_every_format_serves_its_calibrated_probabilities(small, spec, tmp_path):
@@ -220,14 +221,17 @@ def test_a_calibrated_model_exports_and_every_format_serves_its_calibrated_proba
     tft_output = tft.TFTransformOutput(small.transform_dir)
     export_serving_model(calibrated, tft_output, small.layout, serving_dir, decision_threshold=0.37)
     output_dir = tmp_path / "version"
-    record = {"method": "platt", "threshold": 0.37, "objective": "f1"}
+    figures = CalibrationFigures(calibration=1.0, ece=0.01, auc=0.9, precision=0.7, recall=0.8)
+    record = CalibrationRecord(method="platt", fitted_on="the calibration split", rows=500,
+                               measured_on="the eval split", measured_rows=500, objective="f1", threshold=0.37,
+                               before=figures, after=figures, scale=0.6, shift=-0.5)
     result = export_and_verify(serving_dir, calibrated, spec, eval_data(small), str(output_dir),
                                options(tflite_variants=["float32"]), calibration=record)
-    rows = {row["artifact"]: row for row in result["artifacts"]}
-    assert result["passed"] and set(rows) == {"saved_model", "tflite/float32", "onnx", "tfjs"}
+    rows = {row.artifact: row for row in result.artifacts}
+    assert result.passed and set(rows) == {"saved_model", "tflite/float32", "onnx", "tfjs"}
     for name in ("tflite/float32", "onnx", "tfjs"):
-        assert rows[name]["max_abs_diff"] <= 1e-4, name
-    assert json.loads((output_dir / "export_report.json").read_text())["calibration"] == record
+        assert rows[name].max_abs_diff <= 1e-4, name
+    assert json.loads((output_dir / "export_report.json").read_text())["calibration"] == record.to_dict()
 
     features = preprocess(spec, small.columns)
     logits, _ = model_logits(small.model, tf.data.Dataset.from_tensors((features, small.labels)))

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -55,6 +56,7 @@ CARDINALITIES = {"c1_xf": 6, "c2_xf": 5}
 HIDDEN = [32, 16]
 STUDENT_HIDDEN = [8]
 SEED = 7
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 
 
 def training(**changes):
@@ -179,8 +181,12 @@ def test_nothing_enabled_returns_the_same_model(teacher, data):
     settings = options(prune=False)
     result = optimize(teacher, data[0], data[1], settings, build_student)
     assert result.model is teacher
-    assert result.report["stages"] == []
-    assert "nothing done" in result.report["note"]
+    assert result.report.stages == ()
+    assert "nothing done" in result.report.note
+    # What the Optimizer wrote in this case before its report was a record (tests/fixtures/reports).
+    written = json.loads((REPORTS / "optimization_report_nothing_done.json").read_text())
+    assert result.report.to_dict() == {**written, "kind": "binary", "metric": "auc",
+                                       "settings": dataclasses.asdict(settings)}
 
 
 def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
@@ -192,22 +198,28 @@ def test_auc_gate_just_inside_and_just_outside_the_measured_drop(teacher):
         return optimize(teacher, train, evaluation, settings, build_student, seed=SEED)
 
     measured = run(1.0).report
-    drop = measured["pruned"]["degradation"]
-    assert drop == pytest.approx(measured["input"]["auc"] - measured["pruned"]["auc"], abs=1e-12)
-    assert measured["pruned"]["kernel_sparsity"]["dense_1"] == pytest.approx(0.75, abs=0.01)
+    # The layout a taxi run's Optimizer wrote before its report was a record, less the distilled model.
+    written = json.loads((REPORTS / "taxi" / "optimization_report.json").read_text())
+    layout = {key: sorted(value) if isinstance(value, dict) else None for key, value in written.items()
+              if key != "distilled"}
+    assert {key: sorted(value) if isinstance(value, dict) else None
+            for key, value in measured.to_dict().items()} == layout
+    drop = measured.pruned.degradation
+    assert drop == pytest.approx(measured.input.metrics["auc"] - measured.pruned.metrics["auc"], abs=1e-12)
+    assert measured.pruned.kernel_sparsity["dense_1"] == pytest.approx(0.75, abs=0.01)
 
     inside = run(drop + 1e-4)
-    assert inside.report["pruned"]["degradation"] == pytest.approx(drop, abs=2e-5)
-    assert inside.report["summary"]["output_stage"] == "pruned"
+    assert inside.report.pruned.degradation == pytest.approx(drop, abs=2e-5)
+    assert inside.report.summary.output_stage == "pruned"
     with pytest.raises(OptimizationGateError) as caught:
         run(drop - 1e-4)
     assert isinstance(caught.value, ValueError)
     report = caught.value.report
-    assert report["pruned"]["degradation"] == pytest.approx(drop, abs=2e-5)
-    assert report["summary"]["output_stage"] == "pruned"
+    assert report.pruned.degradation == pytest.approx(drop, abs=2e-5)
+    assert report.summary.output_stage == "pruned"
     assert str(caught.value) == (
-        f"pruning to 75% sparsity worsened the eval auc by {report['pruned']['degradation']:.4f} "
-        f"({report['input']['auc']:.4f} to {report['pruned']['auc']:.4f}), more than "
+        f"pruning to 75% sparsity worsened the eval auc by {report.pruned.degradation:.4f} "
+        f"({report.input.metrics['auc']:.4f} to {report.pruned.metrics['auc']:.4f}), more than "
         f"optimize.max_degradation={drop - 1e-4}; allow more with optimize.max_degradation or fine-tune longer "
         "with optimize.fine_tune_steps (export.max_quantized_degradation and evaluation.max_degradation limit the "
         "same eval auc in the same units, so raise them alike)."
@@ -415,7 +427,8 @@ def test_executor_calibrates_on_the_calibration_split_and_serves_the_calibrated_
         **{k: tf.constant(raw[k]) for k in ("a", "b", "c")})["probabilities"].numpy()
     assert served.decision_threshold.numpy() == pytest.approx(record["threshold"])
     labels = transformed["label"]
-    assert binary_figures(probabilities, labels, record["threshold"]) == pytest.approx(record["after"], abs=1e-4)
+    assert binary_figures(probabilities, labels, record["threshold"]).to_dict() == pytest.approx(record["after"],
+                                                                                                abs=1e-4)
     calibrated = tf.keras.models.load_model(keras_model_path(uri), compile=False)
     expected = calibrated({k: v[:, None] for k, v in transformed.items() if k != "label"}).numpy().reshape(-1)
     np.testing.assert_allclose(probabilities, expected, atol=1e-5)

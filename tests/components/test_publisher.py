@@ -2,6 +2,7 @@
 changed file is caught; publishing serves nothing after the first version; `mlops versions` reports it all; a
 version carries its training schema and statistics for `mlops monitor`."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,9 @@ from rollout.cli import version_rows
 from serving.repository.base import RepositoryError
 from serving.repository.local import ModelRepository
 from tests.serving.conftest import save_tiny_model
+
+# Reports the pipeline wrote (tests/reports/test_records.py reads them back).
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +57,17 @@ def test_a_failed_export_report_is_never_published(tmp_path, exports):
     assert not (tmp_path / "serving" / "taxi").exists()
 
 
+@pytest.mark.parametrize("report", [{"artifacts": []}, {"passed": "yes"}])
+def test_an_export_report_without_a_verdict_is_refused_with_what_to_do(tmp_path, report):
+    unreadable = save_tiny_model(tmp_path / "unreadable", 0.5)
+    (unreadable / "export_report.json").write_text(json.dumps(report))
+    with pytest.raises(RepositoryError, match=r"export_report.json cannot be read \(the export report('s 'passed' is "
+                                              r"'yes': expected true or false| has no 'passed')"
+                                              r".*export the model again"):
+        publish_model(str(unreadable), str(tmp_path / "serving"), "taxi", {"blessed": True})
+    assert not (tmp_path / "serving" / "taxi").exists()
+
+
 def test_versions_lists_blessing_export_checksums_and_labels(tmp_path, exports):
     base = tmp_path / "serving"
     publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
@@ -76,15 +91,15 @@ def test_a_version_below_the_latest_is_refused(tmp_path, exports):
 
 def test_a_calibrated_model_publishes_its_decision_threshold(tmp_path):
     export = save_tiny_model(tmp_path / "calibrated", 1.5)
-    calibration = {"method": "platt", "threshold": 0.4123, "objective": "f1", "fitted_on": "the calibration split",
-                   "rows": 2500, "before": {"calibration": 1.24}, "after": {"calibration": 1.01}}
+    # A calibration record as the Optimizer wrote it for the taxi model.
+    calibration = json.loads((REPORTS / "taxi" / "calibration.json").read_text())
     (export / "export_report.json").write_text(json.dumps({"passed": True, "calibration": calibration}))
     base = tmp_path / "serving"
     publish_model(str(export), str(base), "taxi", {"blessed": True})
     publication = ModelRepository(base).publication("taxi", 1)
-    assert publication["calibration"] == {"method": "platt", "threshold": 0.4123, "objective": "f1",
-                                          "fitted_on": "the calibration split", "rows": 2500}
-    assert version_rows(str(base), "taxi")[0]["threshold"] == 0.4123
+    assert publication["calibration"] == {key: calibration[key] for key in ("method", "threshold", "objective",
+                                                                            "fitted_on", "rows")}
+    assert version_rows(str(base), "taxi")[0]["threshold"] == calibration["threshold"]
 
 
 def test_a_version_publishes_how_its_rows_are_read(tmp_path):

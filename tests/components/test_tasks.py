@@ -224,9 +224,9 @@ def test_a_float_regression_format_is_held_to_max_abs_diff_relative_to_the_value
     # Row 3 differs by `scale` x 1e-4 of its size; the rest by far less.
     outputs[3] = reference[3] + scale * 1e-4 * max(1.0, abs(float(reference[3])))
     row = check_artifact("onnx", outputs, reference, labels, export_options(), "regression")
-    assert row["max_abs_diff"] == pytest.approx(scale * 1e-4, rel=1e-3)
-    assert row["check"]["figure"] == "max_abs_diff" and row["check"]["passed"] is passes
-    assert set(row) >= {"rmse", "mae", "r2"}
+    assert row.max_abs_diff == pytest.approx(scale * 1e-4, rel=1e-3)
+    assert row.check.figure == "max_abs_diff" and row.check.passed is passes
+    assert set(row.metrics) == {"rmse", "mae", "r2"}
 
 
 @pytest.mark.parametrize("shift, passes", [(STEP, True), (-STEP, False)])
@@ -239,13 +239,13 @@ def test_a_quantized_regression_variant_may_raise_the_rmse_by_the_allowance(regr
     assert worse > 0
     row = check_artifact("tflite/int8", quantized, reference, labels,
                          export_options(max_quantized_degradation=worse + shift), "regression")
-    assert row["check"]["figure"] == "rmse_degradation" and row["check"]["value"] == pytest.approx(worse)
-    assert row["check"]["config_key"] == "export.max_quantized_degradation"
-    assert row["check"]["passed"] is passes
+    assert row.check.figure == "rmse_degradation" and row.check.value == pytest.approx(worse)
+    assert row.check.config_key == "export.max_quantized_degradation"
+    assert row.check.passed is passes
     # The SavedModel and the variant swapped: the variant has the lower RMSE, a negative degradation that passes 0.
     swapped = check_artifact("tflite/int8", reference, quantized, labels, export_options(max_quantized_degradation=0.0),
                              "regression")
-    assert swapped["check"]["value"] == pytest.approx(-worse) and swapped["check"]["passed"]
+    assert swapped.check.value == pytest.approx(-worse) and swapped.check.passed
 
 
 @pytest.mark.parametrize("scale, passes", [(0.98, True), (1.02, False)])
@@ -254,8 +254,8 @@ def test_a_float_multiclass_format_is_held_to_max_abs_diff_over_every_class(mult
     outputs = reference.astype(np.float64).copy()
     outputs[5, 2] += scale * 1e-4  # only the last class's probability of one row moves
     row = check_artifact("tfjs", outputs, reference, labels, export_options(), "multiclass")
-    assert row["max_abs_diff"] == pytest.approx(scale * 1e-4, rel=1e-3)
-    assert row["check"]["passed"] is passes
+    assert row.max_abs_diff == pytest.approx(scale * 1e-4, rel=1e-3)
+    assert row.check.passed is passes
 
 
 @pytest.mark.parametrize("metric", ["macro_auc", "log_loss", "accuracy"])
@@ -269,8 +269,8 @@ def test_a_quantized_multiclass_variant_is_judged_on_the_configured_metric(multi
     for limit, passes in [(worse + STEP, True), (worse - STEP, False)]:
         row = check_artifact("tflite/float16", quantized, reference, labels,
                              export_options(max_quantized_degradation=limit), "multiclass", metric)
-        assert row["check"]["figure"] == f"{metric}_degradation"
-        assert row["check"]["value"] == pytest.approx(worse) and row["check"]["passed"] is passes
+        assert row.check.figure == f"{metric}_degradation"
+        assert row.check.value == pytest.approx(worse) and row.check.passed is passes
 
 
 # --- the metrics themselves -------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_the_report_shows_the_no_skill_figures_beside_the_models_with_and_withou
 
     summary = {"blessed": False, "metrics": {"auc": 0.81, "binary_accuracy": 0.75, "log_loss": 0.52},
                "task": {"kind": "binary"},
-               "export": {"no_skill": {"auc": 0.5, "accuracy": 0.62, "log_loss": 0.6641}}}
+               "export": {"passed": True, "no_skill": {"auc": 0.5, "accuracy": 0.62, "log_loss": 0.6641}}}
     page = _baseline(summary, "auc")
     assert "<th>no skill</th>" in page and "<th>baseline</th>" not in page
     assert "<td>binary_accuracy</td><td>0.7500</td><td>0.6200</td>" in page

@@ -24,9 +24,11 @@ NOT_FOR = {"multiclass": {"roc", "precision_recall", "calibration_plot"},
            "regression": {"roc", "precision_recall", "calibration_plot", "confusion_matrix"}}
 HOSTILE = "<script>alert(1)</script>"
 CALIBRATION = {"method": "platt", "fitted_on": "the eval split's first half", "rows": 812, "objective": "f1",
-               "threshold": 0.3, "before": {"calibration": 1.24, "auc": 0.91, "precision": 0.70, "recall": 0.997},
-               "after": {"calibration": 1.01, "auc": 0.91, "precision": 0.81, "recall": 0.93}, "measured_rows": 790,
-               "positive_rate": {"fitted": 0.222, "measured": 0.241}}
+               "threshold": 0.3, "scale": 0.8, "shift": -0.4, "measured_on": "the eval split", "measured_rows": 790,
+               "before": {"calibration": 1.24, "ece": 0.05, "auc": 0.91, "precision": 0.70, "recall": 0.997},
+               "after": {"calibration": 1.01, "ece": 0.01, "auc": 0.91, "precision": 0.81, "recall": 0.93},
+               "positive_rate": {"fitted": 0.222, "measured": 0.241}, "applied": True,
+               "reliability": {"before": [], "after": []}}
 
 
 def report_problems(rendered, kind: str) -> list[str]:
@@ -76,11 +78,13 @@ def summary(kind: str) -> dict:
                    "payment_type=Unknown": {metric: 0.0, "example_count": 264.0, "mean_label": 0.0}},
         "blessed": True, "published_version": 3, "pushed_path": "/tmp/serving/taxi/3",
         "optimization": {"metric": metric, "stages": ["prune"],
-                         "input": {"parameters": 3000, "gzip_bytes": 12000, metric: 0.88},
-                         "pruned": {"parameters": 3000, "gzip_bytes": 7000, metric: 0.87, "degradation": 0.01,
-                                    "pruned_from": "input", "kernel_sparsity": {"dense_0": 0.5, "dense_1": 0.5}}},
+                         "input": {"parameters": 3000, "nonzero_parameters": 3000, "gzip_bytes": 12000,
+                                   metric: 0.88, "rows": 400},
+                         "pruned": {"parameters": 3000, "nonzero_parameters": 1500, "gzip_bytes": 7000, metric: 0.87,
+                                    "rows": 400, "degradation": 0.01, "pruned_from": "input",
+                                    "kernel_sparsity": {"dense_0": 0.5, "dense_1": 0.5}}},
         "export": {"passed": True, "eval_rows": 400, "task": task, "reference": {metric: 0.87, "accuracy": 0.8},
-                   "artifacts": [{"artifact": "saved_model", "size_bytes": 40000, "max_abs_diff": 0.0,
+                   "artifacts": [{"artifact": "saved_model", "path": ".", "size_bytes": 40000, "max_abs_diff": 0.0,
                                   "latency_ms_p50": 1.2, **{n: 0.87 for n in ("auc", "accuracy", "macro_auc",
                                                                                "log_loss", "rmse", "mae", "r2")},
                                   "check": {"passed": True, "figure": "max |diff|", "value": 0.0, "threshold": 1e-4,

@@ -4,6 +4,7 @@ from tensorflow_metadata.proto.v0 import statistics_pb2
 
 from components.model import BINARY
 from pipeline.summary import drift, feature_summary
+from reports.records import CalibrationFigures, CalibrationRecord, ExportReport, ExportTask
 
 
 def dataset() -> statistics_pb2.DatasetFeatureStatistics:
@@ -56,8 +57,8 @@ def test_a_model_artifacts_calibration_json_sets_the_reports_threshold(tmp_path)
                          plots={"thresholds": thresholds()})
     for uri in (trainer, calibrated):
         _read_model_reports(summary, str(uri))
-    assert summary.calibration == CALIBRATION
-    page = run_page(summary.__dict__)
+    assert summary.calibration.to_dict() == CALIBRATION
+    page = run_page(summary.to_dict())
     assert "Calibration and threshold" in page and "platt" in page and "at threshold 0.300" in page
 
 
@@ -80,13 +81,12 @@ def test_the_training_history_keeps_the_epochs_numbers_after_a_restart(tmp_path)
     assert written["settings"]["hidden_units"] == TrainingConfig().hidden_units
     summary = RunSummary(run_id="r")
     _read_model_reports(summary, str(tmp_path))
-    page = run_page(summary.__dict__)
+    page = run_page(summary.to_dict())
     loss = page[page.index("data-chart='loss'"):page.index("</svg>", page.index("data-chart='loss'"))]
     assert ">3</text>" in loss and ">4</text>" in loss and ">1</text>" not in loss
 
 
 def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report():
-    import dataclasses
     import io
 
     from pipeline.runner import _print_summary
@@ -98,7 +98,7 @@ def test_rows_left_out_for_a_missing_label_show_on_the_console_and_in_the_report
     out = io.StringIO()
     _print_summary(summary, "s.json", "s.html", out)
     assert "  left out      2 row(s) without a label (before the split)" in out.getvalue()
-    assert "2 row(s) without a label were left out before the split." in _data(dataclasses.asdict(summary))
+    assert "2 row(s) without a label were left out before the split." in _data(summary.to_dict())
 
 
 def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model():
@@ -122,9 +122,9 @@ def test_a_cached_rerun_says_nothing_changed_and_which_version_holds_the_model()
     fresh = RunSummary(run_id="r", stage_seconds=stages, cached_stages=["CsvExampleGen"], published_version=2,
                        pushed_path="/o/serving/m/2", published_new=True, blessed=True,
                        metrics={"precision/classId:0": 0.95, "precision/classId:1": 0.075},
-                       export={"task": {"kind": "multiclass", "classes": ["a", "b"]}, "eval_rows": 100,
-                               "artifacts": [], "class_shares": [0.88, 0.12],
-                               "no_skill": {"macro_auc": 0.5, "accuracy": 0.49, "log_loss": 1.0297}})
+                       export=ExportReport(passed=True, task=ExportTask(kind="multiclass", classes=("a", "b")),
+                                           eval_rows=100, class_shares=(0.88, 0.12),
+                                           no_skill={"macro_auc": 0.5, "accuracy": 0.49, "log_loss": 1.0297}))
     out = io.StringIO()
     _print_summary(fresh, "s.json", "s.html", out)
     assert "nothing changed" not in out.getvalue() and "  published     version 2 at /o/serving/m/2" in out.getvalue()
@@ -143,15 +143,18 @@ def test_a_calibration_that_was_not_applied_says_so_on_the_console():
     from pipeline.summary import RunSummary
 
     note = "temperature scaling moved the eval calibration from 1.0200 to 0.9200, further from 1, so it is not applied"
-    summary = RunSummary(run_id="r", calibration={"applied": False, "note": note, "threshold": None,
-                                                  "method": "temperature"})
+    figures = CalibrationFigures(calibration=1.02, ece=0.03, auc=0.9, precision=0.8, recall=0.8)
+    summary = RunSummary(run_id="r", calibration=CalibrationRecord(
+        method="temperature", fitted_on="the calibration split", rows=300, measured_on="the eval split",
+        measured_rows=300, objective="argmax", threshold=None, before=figures, after=figures, applied=False,
+        rejected_before=1.02, rejected_after=0.92, note=note))
     out = io.StringIO()
     _print_summary(summary, "s.json", "s.html", out)
     assert f"  calibrated    not applied: {note}\n" in out.getvalue()
     from reports.run_page import _calibration
 
     assert f"Not applied: {note}; both columns are the model as trained." in _calibration(
-        {"calibration": summary.calibration})
+        {"calibration": summary.calibration.to_dict()})
 
 
 def test_a_cached_evaluators_verdict_is_marked_as_the_earlier_runs():

@@ -97,12 +97,12 @@ def test_pushed_version_holds_four_verified_formats(first_and_second_run):
 
 def test_evaluated_and_pushed_model_is_the_pruned_one(first_and_second_run):
     config, first, _ = first_and_second_run
-    pruned = first.optimization["pruned"]
-    assert first.optimization["stages"] == ["prune"]
-    for layer, sparsity in pruned["kernel_sparsity"].items():
+    pruned = first.optimization.pruned
+    assert first.optimization.stages == ("prune",)
+    for layer, sparsity in pruned.kernel_sparsity.items():
         assert abs(sparsity - config.optimize.target_sparsity) <= 0.01, layer
-    assert pruned["degradation"] <= config.optimize.max_degradation
-    assert pruned["gzip_bytes"] < first.optimization["input"]["gzip_bytes"]
+    assert pruned.degradation <= config.optimize.max_degradation
+    assert pruned.gzip_bytes < first.optimization.input.gzip_bytes
     kernels = [v.numpy() for v in tf.saved_model.load(first.pushed_path).model.variables if "dense" in v.name
                and "kernel" in v.name]
     assert kernels and all(abs(np.mean(k == 0) - config.optimize.target_sparsity) <= 0.01 for k in kernels)

@@ -12,7 +12,6 @@ the requests the version answers with them, from the model repository alone.
 """
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections.abc import Iterator, Mapping
@@ -95,16 +94,13 @@ def _file_entry(path: str) -> dict[str, object]:
 
 
 def _export_report(source_dir: str) -> ExportReport | None:
-    import tensorflow as tf
+    from components import artifacts  # TensorFlow's file systems, imported only when a model is published
 
-    path = posixpath.join(source_dir.rstrip("/"), EXPORT_REPORT_JSON)
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path) as f:
-        try:
-            return ExportReport.from_dict(json.load(f))
-        except ValueError as e:
-            raise RepositoryError(f"the export report {path} cannot be read ({e}); export the model again.") from None
+    path = artifacts.join(source_dir.rstrip("/"), EXPORT_REPORT_JSON)
+    try:
+        return artifacts.read_export_report(source_dir.rstrip("/"))
+    except ValueError as e:
+        raise RepositoryError(f"the export report {path} cannot be read ({e}); export the model again.") from None
 
 
 def publication_fields(report: ExportReport) -> dict[str, Any]:

@@ -204,13 +204,18 @@ def test_logits_of_a_model_whose_layers_another_graph_also_uses():
     assert len(labels) == 300
 
 
-def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
-    rng = np.random.default_rng(2)
+def overconfident_multiclass_record(seed):
+    """The temperature-scaling record of 3,000 rows whose logits are twice as confident as their labels: fitted on
+    the first half, measured on the second."""
+    rng = np.random.default_rng(seed)
     logits = rng.normal(0, 3.0, (3000, 3))
     labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
-    calibration = fit_temperature(logits[:1500], labels[:1500])
-    record = calibration_record(calibration, CalibrationConfig(), logits[:1500], labels[:1500], logits[1500:],
-                                labels[1500:], "fit rows", "measure rows")
+    return calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
+                              labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
+
+
+def test_a_multiclass_record_has_no_threshold_and_keeps_the_argmax_figures():
+    record = overconfident_multiclass_record(seed=2)
     assert record.method == "temperature" and record.threshold is None and record.objective == "argmax"
     assert record.temperature == pytest.approx(2.0, rel=0.1)
     assert record.before.calibration > 1.1, "over-confident before"
@@ -261,11 +266,7 @@ def test_expected_calibration_error_over_equal_mass_bins():
 
 
 def test_the_record_holds_a_reliability_diagram_before_and_after():
-    rng = np.random.default_rng(4)
-    logits = rng.normal(0, 3.0, (3000, 3))
-    labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
-    record = calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
-                                labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
+    record = overconfident_multiclass_record(seed=4)
     for key in ("before", "after"):
         points = getattr(record, f"reliability_{key}")
         assert len(points) == 10 and sum(rows for _, _, rows in points) == 1500

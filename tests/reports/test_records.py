@@ -6,7 +6,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipeline.summary import RunSummary
@@ -92,14 +91,9 @@ def test_the_files_cover_each_task_kind_and_calibration_outcome():
 
 def test_the_calibration_step_writes_the_layout_it_wrote_before_the_records():
     """calibration_multiclass.json holds what calibration_record wrote for these rows before it returned a record."""
-    from components.calibration import calibration_record, fit_temperature, softmax
-    from settings.config import CalibrationConfig
+    from tests.components.test_calibration import overconfident_multiclass_record
 
-    rng = np.random.default_rng(2)
-    logits = rng.normal(0, 3.0, (3000, 3))
-    labels = np.array([rng.choice(3, p=p) for p in softmax(logits / 2.0)])
-    record = calibration_record(fit_temperature(logits[:1500], labels[:1500]), CalibrationConfig(), logits[:1500],
-                                labels[:1500], logits[1500:], labels[1500:], "fit rows", "measure rows")
+    record = overconfident_multiclass_record(seed=2)
     written = json.loads((REPORTS / "calibration_multiclass.json").read_text())
     assert flatten(record.to_dict()) == pytest.approx(flatten(written), rel=1e-9)
 

@@ -79,6 +79,12 @@ def load_targets() -> dict:
     missing = sorted(set(spec["targets"]) - allowed)
     if missing:
         sys.exit(f"{', '.join(missing)} must also be listed under only_mutate in setup.cfg's [mutmut] section.")
+    # mutmut copies and mutates only files below source_paths: a target outside them silently gets no mutant at all.
+    roots = [line.strip().rstrip("/") + "/" for line in parser.get("mutmut", "source_paths").splitlines()
+             if line.strip()]
+    unreached = sorted(module for module in spec["targets"] if not module.startswith(tuple(roots)))
+    if unreached:
+        sys.exit(f"{', '.join(unreached)} lie outside setup.cfg's [mutmut] source_paths: add their folders there.")
     return spec
 
 

@@ -90,6 +90,43 @@ def test_the_code_is_read_only_for_the_user_and_outputs_is_writable(container):
     assert attempt.returncode == 0, attempt.stderr
 
 
+def _containers(document: object):
+    """Every container spec in a rendered object, however deep (Deployments, CronJobs, TFJobs, KubeDL's CRDs)."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                yield from (c for c in value if isinstance(c, dict) and "image" in c)
+            else:
+                yield from _containers(value)
+    elif isinstance(document, list):
+        for item in document:
+            yield from _containers(item)
+
+
+def _argv(container: dict, image_config: dict) -> list[str]:
+    """What the kubelet runs: command or the ENTRYPOINT, then args (or CMD when neither is set), $(VAR) expanded."""
+    command = container.get("command") or image_config["Entrypoint"]
+    args = container.get("args", image_config["Cmd"] if "command" not in container else [])
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), word) for word in [*command, *args]]
+
+
+def test_every_container_command_of_k8s_runs_in_the_image(container, image_config):
+    """Each container of k8s/ that runs this image starts a command the image has: its argv with --help appended exits
+    0. The other images' containers (TF Serving, rclone, busybox) are theirs to test."""
+    from tests.k8s.render import render
+
+    checked = {}
+    for kustomization in sorted(ROOT.glob("k8s/**/kustomization.yaml")):
+        for spec in _containers(render(kustomization.parent.relative_to(ROOT))):
+            if spec["image"].split(":")[0].split("/")[-1] == "tfx-mlops":
+                checked.setdefault(tuple(_argv(spec, image_config)), str(kustomization.parent.relative_to(ROOT)))
+    assert len(checked) >= 4, checked  # the rollout Job, the monitor, the log proxy, the training workers
+    for argv, folder in checked.items():
+        result = run_in(container, *argv, "--help")
+        assert result.returncode == 0 and result.stdout.startswith("usage:"), (folder, argv, result.stderr[-1500:])
+
+
 @pytest.fixture(scope="module")
 def pipeline_run(container, image_config, tmp_path_factory):
     """`docker run -v HOST:/app/outputs IMAGE run --set ...` on the embedded sample, as the image's user."""

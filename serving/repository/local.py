@@ -86,8 +86,7 @@ class ModelRepository(RepositoryBase):
         """Complete versions of `model_name`, ascending."""
         return list_versions(self.model_dir(model_name))
 
-    @contextlib.contextmanager
-    def staged_version(self, model_name: str, version: int | None = None) -> Iterator[StagedVersion]:
+    def _staged_version(self, model_name: str, version: int | None = None) -> Iterator[StagedVersion]:
         """Yields a temporary folder to write a SavedModel into; publishes it as `version` when the block succeeds.
 
         `version` defaults to one more than the newest version. An existing version is never replaced.
@@ -129,6 +128,9 @@ class ModelRepository(RepositoryBase):
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+
+    # Decorated apart from its body: mutmut makes no mutant of a decorated function.
+    staged_version = contextlib.contextmanager(_staged_version)
 
     def add_version(self, model_name: str, saved_model_dir: str | Path, version: int | None = None) -> int:
         """Copies the SavedModel at `saved_model_dir` in as a new version and returns its number."""

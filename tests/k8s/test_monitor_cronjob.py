@@ -30,7 +30,7 @@ def pod() -> dict:
 
 def test_the_command_is_mlops_monitor_and_its_folders_are_the_mounted_volumes():
     [container] = pod()["containers"]
-    assert container["command"] == ["mlops"]
+    assert "command" not in container, "the image's entrypoint runs mlops; the image has no `mlops` on its PATH"
     args = build_parser().parse_args(container["args"])
     assert args.command == "monitor" and args.since == "1h" and args.pushgateway.startswith("http://")
     # --retrain would run the local pipeline in the pod, against a read-only model repository (k8s/serving/README.md).

@@ -111,7 +111,7 @@ class Controller:
     def _fence(self) -> None:
         """Raises StateConflictError when this controller lost its lease or the state moved since it last read or
         wrote it: the caller stops before touching traffic."""
-        if self._holding is not None and self._holding.lost:
+        if self._holding is not None and self._holding.expired():
             raise StateConflictError(f"this controller lost its lease ({self._holding.lost}); it stopped without "
                                      "touching traffic; see `mlops rollout status`.")
         _, token = self.backend.store.load()
@@ -122,7 +122,7 @@ class Controller:
 
     def _commit(self, current: dict[str, Any] | None, event: dict[str, Any] | None = None,
                 finished: dict[str, Any] | None = None) -> None:
-        if self._holding is not None and self._holding.lost:
+        if self._holding is not None and self._holding.expired():
             raise StateConflictError(f"this controller lost its lease ({self._holding.lost}); nothing was recorded; "
                                      "see `mlops rollout status`.")
         if event is not None:

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -52,13 +52,15 @@ def api_client(kubeconfig: str = "") -> client.ApiClient:
 
 
 def update_with_retries(read: Callable[[], Any], change: Callable[[Any], bool], write: Callable[[Any], Any],
-                        what: str) -> None:
+                        what: str, fence: Callable[[], None] = lambda: None) -> None:
     """Read, change, write with the read resourceVersion; on 409 Conflict read again. `change` returns False when the
-    object already is as wanted (then nothing is written)."""
+    object already is as wanted (then nothing is written). `fence` runs right before every write, retries included:
+    it raises once this controller's Lease is lost or has run out, so a stalled controller writes nothing more."""
     for _ in range(CONFLICT_RETRIES):
         obj = read()
         if not change(obj):
             return
+        fence()
         try:
             write(obj)
             return
@@ -79,6 +81,12 @@ class ConfigMapStateStore(StateStore):
         self.coordination = coordination
         self.lease_name = f"{name}-{model}".lower().replace("_", "-")
         self.lease_duration_s = lease_duration_s
+        self.holding: Holding | None = None  # while a controller holds the Lease: every traffic write checks it
+
+    def fence(self) -> None:
+        """Raises StateConflictError when the Lease this store holds is lost or has run out."""
+        if self.holding is not None:
+            self.holding.check()
 
     def _read(self):
         try:
@@ -126,10 +134,11 @@ class ConfigMapStateStore(StateStore):
         if self.coordination is None:
             raise BackendError("the Kubernetes state store needs the coordination.k8s.io API for its Lease.")
         lease = Lease(self.coordination, self.namespace, self.lease_name, self.lease_duration_s)
-        holding = lease.acquire(wait_s)
+        self.holding = lease.acquire(wait_s)
         try:
-            yield holding
+            yield self.holding
         finally:
+            self.holding = None
             lease.release()
 
 
@@ -139,31 +148,57 @@ def _parse_time(value: Any) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
+class Busy(NamedTuple):
+    """Who holds a Lease another controller asked for."""
+    holder: str
+    held_s: float  # since its acquireTime, by this process's clock (shown only)
+    expires_in_s: float  # until this process may take it over, by its own observation
+    stopped_renewing: bool  # its renewTime is older than its duration by this clock: a hint, never the verdict
+
+
 class Lease:
     """A coordination.k8s.io/v1 Lease held by one controller, as client-go's leader election holds one
-    (k8s.io/client-go v0.30.0, tools/leaderelection/leaderelection.go, tryAcquireOrRenew, and resourcelock/
-    leaselock.go): created when missing; taken over only once `renewTime + leaseDurationSeconds` has passed
-    (leaseTransitions + 1); renewed every third of its duration by updating renewTime with the resourceVersion read;
-    released by emptying holderIdentity. A renewal that finds another holder, or that fails for longer than the
-    duration, marks the holding lost: the controller then stops before its next write."""
+    (k8s.io/client-go v0.34, tools/leaderelection/leaderelection.go: tryAcquireOrRenew, renew, and
+    resourcelock/leaselock.go). Created when missing. Held by another, it is taken over only once its record has
+    stayed unchanged for `leaseDurationSeconds` as this process's own monotonic clock measures it (client-go's
+    observedTime: no two machines' clocks are compared; the holder's renewTime is only shown). Renewed every retry
+    period (2/15 of the duration, client-go's 2 s of 15 s); a holding not renewed within the renew deadline (2/3 of
+    the duration, client-go's 10 s of 15 s) is lost, so it ends before another controller may take the Lease over.
+    Released by emptying holderIdentity, which any controller may take at once."""
 
     def __init__(self, api: client.CoordinationV1Api, namespace: str, name: str, duration_s: float,
-                 clock: Callable[[], datetime.datetime] | None = None) -> None:
+                 clock: Callable[[], datetime.datetime] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.api, self.namespace, self.name = api, namespace, name
         self.duration_s = max(1, round(duration_s))
+        self.renew_deadline_s = self.duration_s * 2 / 3
+        self.retry_period_s = self.duration_s * 2 / 15
         self.identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
-        self.holding = Holding()
+        self.monotonic = monotonic
+        self.holding = Holding(monotonic)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._held: Any = None
+        # client-go's observedRecord and observedTime: the other holder's record and when this process saw it change.
+        self._observed: tuple | None = None
+        self._observed_at = 0.0
 
     def _spec(self, acquire_time: datetime.datetime, transitions: int) -> client.V1LeaseSpec:
         return client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.duration_s,
                                   acquire_time=acquire_time, renew_time=self.clock(), lease_transitions=transitions)
 
-    def _try_acquire(self) -> tuple[str, float] | None:
-        """One attempt: None once this controller holds the Lease, else (its holder, seconds they have held it)."""
+    def _observe(self, spec: client.V1LeaseSpec) -> float:
+        """Seconds for which the Lease's record has stayed as it is now, by this process's clock."""
+        record = (spec.holder_identity, str(spec.renew_time), str(spec.acquire_time), spec.lease_transitions,
+                  spec.lease_duration_seconds)
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.monotonic()
+        return self.monotonic() - self._observed_at
+
+    def _try_acquire(self) -> Busy | None:
+        """One attempt: None once this controller holds the Lease, else who holds it."""
+        started = self.monotonic()
         now = self.clock()
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
@@ -174,69 +209,80 @@ class Lease:
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name), spec=self._spec(now, 0))
             try:
                 self._held = self.api.create_namespaced_lease(self.namespace, body)
-                return None
             except ApiException as e:
                 if e.status == 409:  # created by another controller meanwhile
-                    return "another controller", 0.0
+                    return Busy("another controller", 0.0, float(self.duration_s), False)
                 raise BackendError(f"creating Lease {self.namespace}/{self.name} failed: {e.status} "
                                    f"{e.reason}") from None
+            self.holding.valid_until = started + self.renew_deadline_s
+            return None
         spec = lease.spec
-        renewed = _parse_time(spec.renew_time)
+        unchanged_s = self._observe(spec)
         duration = spec.lease_duration_seconds or self.duration_s
         held_by_other = bool(spec.holder_identity) and spec.holder_identity != self.identity
-        if held_by_other and renewed is not None and (now - renewed).total_seconds() < duration:
+        if held_by_other and unchanged_s < duration:
+            renewed = _parse_time(spec.renew_time)
             acquired = _parse_time(spec.acquire_time) or renewed
-            return f"{spec.holder_identity}, renewed {(now - renewed).total_seconds():.0f}s ago", (
-                now - acquired).total_seconds()
+            renewed_ago = (now - renewed).total_seconds() if renewed else 0.0
+            return Busy(f"{spec.holder_identity}, renewed {renewed_ago:.0f}s ago by its clock",
+                        (now - acquired).total_seconds() if acquired else 0.0, duration - unchanged_s,
+                        renewed_ago > duration)
         lease.spec = self._spec(now, (spec.lease_transitions or 0) + (1 if held_by_other else 0))
         try:
             self._held = self.api.replace_namespaced_lease(self.name, self.namespace, lease)
-            return None
         except ApiException as e:
             if e.status == 409:
-                return "another controller", 0.0
+                return Busy("another controller", 0.0, float(duration), False)
             raise BackendError(f"taking Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
+        self.holding.valid_until = started + self.renew_deadline_s
+        return None
 
     def acquire(self, wait_s: float) -> Holding:
-        deadline = time.monotonic() + wait_s
+        """Waits up to `wait_s` for the Lease; longer when its holder stopped renewing (a crashed controller), since
+        only watching its record stay unchanged for a whole duration tells that it expired."""
+        deadline = self.monotonic() + wait_s
         while (busy := self._try_acquire()) is not None:
-            holder, held_s = busy
-            if time.monotonic() >= deadline:
-                raise ControllerBusyError(busy_message(f"Lease {self.namespace}/{self.name}: {holder}", held_s,
-                                                       wait_s))
-            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+            if busy.stopped_renewing:
+                deadline = max(deadline, self.monotonic() + busy.expires_in_s + self.retry_period_s)
+            if self.monotonic() >= deadline:
+                raise ControllerBusyError(busy_message(f"Lease {self.namespace}/{self.name}: {busy.holder}",
+                                                       busy.held_s, wait_s))
+            time.sleep(min(self.retry_period_s, max(0.05, deadline - self.monotonic())))
         self._thread = threading.Thread(target=self._renew_loop, daemon=True)  # never keeps the process alive
         self._thread.start()
         return self.holding
 
-    def renew(self) -> None:
-        """One renewal; marks the holding lost when another controller holds the Lease now."""
+    def renew(self) -> bool:
+        """One renewal: True when it renewed; marks the holding lost when another controller holds the Lease now."""
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
         except ApiException as e:
             raise BackendError(f"reading Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
         if lease.spec.holder_identity != self.identity:
             self.holding.lost = f"Lease {self.namespace}/{self.name} is held by {lease.spec.holder_identity} now"
-            return
+            return False
         lease.spec.renew_time = self.clock()
         try:
             self._held = self.api.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as e:
             if e.status == 409:
                 self.holding.lost = f"Lease {self.namespace}/{self.name} was changed by another controller"
-                return
+                return False
             raise BackendError(f"renewing Lease {self.namespace}/{self.name} failed: {e.status} {e.reason}") from None
+        return True
 
     def _renew_loop(self) -> None:
-        last_renewal = time.monotonic()
-        while not self._stop.wait(self.duration_s / 3.0) and not self.holding.lost:
+        error = ""
+        while not self._stop.wait(self.retry_period_s) and not self.holding.lost:
+            started = self.monotonic()
             try:
-                self.renew()
-                last_renewal = time.monotonic()
+                if self.renew():
+                    self.holding.valid_until = started + self.renew_deadline_s
             except (BackendError, OSError) as e:
-                if time.monotonic() - last_renewal > self.duration_s:
-                    self.holding.lost = f"Lease {self.namespace}/{self.name} could not be renewed for " \
-                                        f"{self.duration_s}s ({e})"
+                error = f" ({e})"
+            if not self.holding.lost and self.monotonic() > (self.holding.valid_until or 0.0):
+                self.holding.lost = (f"Lease {self.namespace}/{self.name} was not renewed within its renew deadline "
+                                     f"of {self.renew_deadline_s:.0f}s{error}")
 
     def release(self) -> None:
         self._stop.set()
@@ -368,7 +414,7 @@ class KubernetesBackend(_PodsMixin, Backend):
         name = self._config_map_name(track)
         update_with_retries(lambda: self._read_config_map(track), change,
                             lambda cm: self.core.replace_namespaced_config_map(name, self.namespace, cm),
-                            f"ConfigMap {self.namespace}/{name}")
+                            f"ConfigMap {self.namespace}/{name}", self.store.fence)
 
     def version_views(self, model: str, track: str, version: int) -> list[ServerView]:
         return self._views(self._selector(track), model, version)
@@ -400,7 +446,7 @@ class KubernetesBackend(_PodsMixin, Backend):
                 lambda plural=plural, name=name: self._route(plural, name), change,
                 lambda route, plural=plural, name=name: self.custom.replace_namespaced_custom_object(
                     *GATEWAY, self.namespace, plural, name, route),
-                f"{plural} {self.namespace}/{name}")
+                f"{plural} {self.namespace}/{name}", self.store.fence)
 
     def canary_weight(self) -> int:
         route = self._route("httproutes", self.settings.http_route)
@@ -512,7 +558,7 @@ class KubeDLBackend(_PodsMixin, Backend):
                 lambda route, plural=plural, name=name, port=port: change(self._refs(route, f"{plural} {name}"), port),
                 lambda route, plural=plural, name=name: self.custom.replace_namespaced_custom_object(
                     *GATEWAY, self.namespace, plural, name, route),
-                f"{plural} {self.namespace}/{name}")
+                f"{plural} {self.namespace}/{name}", self.store.fence)
 
     def _served(self, track: str) -> int | None:
         """The version whose predictor Service the track's backendRef names."""
@@ -586,6 +632,7 @@ class KubeDLBackend(_PodsMixin, Backend):
             if e.status != 404:
                 raise BackendError(f"reading Inference {self.namespace}/{name} failed: {e.status} {e.reason}") from None
         try:
+            self.store.fence()
             self.custom.create_namespaced_custom_object(group, api_version, self.namespace, plural,
                                                         self._inference_for(version))
         except ApiException as e:

@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,26 @@ class StateConflictError(UserError, RuntimeError):
 
 
 class Holding:
-    """What a controller holds while it runs; `lost` says why it no longer does (its lease was taken over)."""
+    """What a controller holds while it runs; `lost` says why it no longer does (its lease was taken over, or not
+    renewed in time). `valid_until` (monotonic seconds, None for a lock that cannot expire) is when the holding ends
+    unless renewed: every write checks it first (`check`), so a controller that stalled stops before it writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.lost = ""
+        self.valid_until: float | None = None
+        self.monotonic = monotonic
+
+    def expired(self) -> bool:
+        """Whether the holding is lost or has run out (then `lost` says why)."""
+        if not self.lost and self.valid_until is not None and self.monotonic() > self.valid_until:
+            self.lost = "it was not renewed within its renew deadline"
+        return bool(self.lost)
+
+    def check(self) -> None:
+        """The fence before each write: raises StateConflictError once the holding is lost or has run out."""
+        if self.expired():
+            raise StateConflictError(f"this controller lost its lease ({self.lost}); it stopped before its next "
+                                     "write; see `mlops rollout status`.")
 
 
 class StateStore(ABC):
@@ -43,6 +59,10 @@ class StateStore(ABC):
     def save(self, document: dict[str, Any], token: str) -> str:
         """Writes `document` if the stored revision is still `token`; returns the new token or raises
         StateConflictError."""
+
+    def fence(self) -> None:  # noqa: B027 (a file lock cannot be lost: nothing to check)
+        """Raises StateConflictError when the lock this store holds for a controller is lost (a Lease can be; a file
+        lock cannot), so that every write stops first."""
 
     @abstractmethod
     def exclusive(self, wait_s: float = 0.0) -> contextlib.AbstractContextManager[Holding]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from rollout import kube
 from rollout.backends import BackendError
@@ -105,8 +106,19 @@ def test_another_models_rollout_in_the_same_configmap_is_no_conflict(api):
     assert taxi.load()[0]["current"] == {"id": "x"}
 
 
-def lease(api_client_, duration_s: float = 1.0, clock=None) -> Lease:
-    return Lease(client.CoordinationV1Api(api_client_), NAMESPACE, "rollout-tiny", duration_s, clock=clock)
+def lease(api_client_, duration_s: float = 1.0, clock=None, monotonic=time.monotonic) -> Lease:
+    return Lease(client.CoordinationV1Api(api_client_), NAMESPACE, "rollout-tiny", duration_s, clock=clock,
+                 monotonic=monotonic)
+
+
+class Ticks:
+    """A monotonic clock the test moves: the seconds this process has watched a Lease."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_a_held_lease_refuses_a_second_controller_until_released(api):
@@ -131,18 +143,25 @@ def test_a_held_lease_refuses_a_second_controller_until_released(api):
 
 
 def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost(api):
+    """Expiry as client-go judges it: the record unchanged for leaseDurationSeconds by the newcomer's own clock, from
+    when it first saw it; the holder's renewTime against the newcomer's wall clock decides nothing."""
     fake, api_client_ = api
     import datetime
 
-    now = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
+    wall = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
+    ticks = Ticks()
     # The Lease's own duration decides, not the newcomer's.
-    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 30, clock=lambda: now[0])
+    stalled = lease(api_client_, 10, clock=lambda: wall[0])
+    # The newcomer's wall clock is an hour behind: judged by renewTime, the Lease would look fresh for an hour.
+    newcomer = lease(api_client_, 30, clock=lambda: wall[0] - datetime.timedelta(hours=1), monotonic=ticks)
     stalled.acquire(0)
     stalled._stop.set()  # stalled: it renews no more
-    now[0] += datetime.timedelta(seconds=9)
-    with pytest.raises(ControllerBusyError, match="renewed 9s ago"):
+    with pytest.raises(ControllerBusyError, match="renewed -3600s ago by its clock"):
         newcomer.acquire(0)
-    now[0] += datetime.timedelta(seconds=1)  # renewTime + leaseDurationSeconds: expired from that instant
+    ticks.now += 9.9  # watched unchanged for 9.9 s of its 10
+    with pytest.raises(ControllerBusyError):
+        newcomer.acquire(0)
+    ticks.now += 0.1  # 10 s: expired from that instant
     newcomer.acquire(0)
     spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
     assert spec["holderIdentity"] == newcomer.identity and spec["leaseTransitions"] == 1
@@ -152,6 +171,66 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost(api):
     stalled.release()  # a lost lease is not released: it is the newcomer's
     assert fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]["holderIdentity"] == newcomer.identity
     newcomer.release()
+
+
+def test_a_renewed_lease_restarts_the_newcomers_watch(api):
+    """Each change of the record (a renewal) restarts the newcomer's count, whatever the clocks say."""
+    fake, api_client_ = api
+    ticks = Ticks()
+    holder, newcomer = lease(api_client_, 10), lease(api_client_, 10, monotonic=ticks)
+    holder.acquire(0)
+    holder._stop.set()
+    with pytest.raises(ControllerBusyError):
+        newcomer.acquire(0)
+    ticks.now += 9
+    assert holder.renew()
+    with pytest.raises(ControllerBusyError):
+        newcomer.acquire(0)  # sees the renewal: its count starts again
+    ticks.now += 9.9  # 18.9 s since first seen, 9.9 s since it saw the renewal
+    with pytest.raises(ControllerBusyError):
+        newcomer.acquire(0)
+    ticks.now += 0.1
+    newcomer.acquire(0)
+    newcomer.release()
+
+
+def test_a_holding_not_renewed_within_its_renew_deadline_fences_every_write(api):
+    """The renew deadline (2/3 of the duration) ends a holding before any newcomer may take the Lease (the whole
+    duration): a stalled controller's next write raises first."""
+    fake, api_client_ = api
+    ticks = Ticks()
+    holder = lease(api_client_, 30, monotonic=ticks)
+    holder.acquire(0)
+    holder._stop.set()
+    assert (holder.renew_deadline_s, holder.retry_period_s) == (20, 4)
+    ticks.now += 19.9
+    holder.holding.check()
+    ticks.now += 0.2
+    with pytest.raises(StateConflictError, match="lost its lease .*renew deadline"):
+        holder.holding.check()
+
+
+def test_a_write_retried_after_a_conflict_is_fenced_again(api):
+    """update_with_retries runs the fence before every write, the retry after a 409 too."""
+    fake, api_client_ = api
+    from rollout.kube import update_with_retries
+
+    fences, writes = [], []
+
+    def write(obj):
+        writes.append(obj)
+        if len(writes) == 1:
+            raise ApiException(status=409, reason="Conflict")
+
+    update_with_retries(lambda: {}, lambda obj: True, write, "a route", fence=lambda: fences.append(len(writes)))
+    assert fences == [0, 1] and len(writes) == 2
+
+    def lost():
+        raise StateConflictError("lost")
+
+    with pytest.raises(StateConflictError):
+        update_with_retries(lambda: {}, lambda obj: True, writes.append, "a route", fence=lost)
+    assert len(writes) == 2, "nothing written once the fence refused"
 
 
 def test_a_held_lease_is_renewed_while_the_controller_runs(api):
@@ -189,14 +268,19 @@ def test_a_takeover_or_a_renewal_that_meets_another_writer_does_not_hold_the_lea
     import datetime
 
     now = [datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)]
-    stalled, newcomer = lease(api_client_, 10, clock=lambda: now[0]), lease(api_client_, 10, clock=lambda: now[0])
+    ticks = Ticks()
+    stalled = lease(api_client_, 10, clock=lambda: now[0])
+    newcomer = lease(api_client_, 10, clock=lambda: now[0], monotonic=ticks)
     stalled.acquire(0)
     stalled._stop.set()
-    now[0] += datetime.timedelta(seconds=11)
+    with pytest.raises(ControllerBusyError):
+        newcomer.acquire(0)
+    ticks.now += 11
     fake.conflict_once("Lease", "rollout-tiny")  # a third controller takes it first
     with pytest.raises(ControllerBusyError, match=r"rollout-tiny: another controller\) has held this model's rollout "
                                                   r"for 0s"):
         newcomer.acquire(0)
+    stalled.release()
     holder = lease(api_client_, 10, clock=lambda: now[0])
     holder.acquire(0)
     holder._stop.set()
@@ -322,26 +406,26 @@ class FakeTime:
         self.now += seconds
 
 
-def test_waiting_for_a_held_lease_tries_again_every_second_until_the_wait_ends(api, monkeypatch):
+def test_waiting_for_a_held_lease_tries_again_every_retry_period_until_the_wait_ends(api, monkeypatch):
     fake, api_client_ = api
     holder = lease(api_client_, 30)
     holder.acquire(0)
     fake_time = FakeTime()
     monkeypatch.setattr(kube, "time", fake_time)
     reads_before = sum(1 for method, path in fake.requests if method == "GET" and "/leases/" in path)
-    with pytest.raises(ControllerBusyError, match=r"after waiting 2.5s"):
-        lease(api_client_, 30).acquire(wait_s=2.5)
-    assert fake_time.sleeps == [1.0, 1.0, 0.5], "a try at 0, 1, 2 and 2.5 s, none after the deadline"
+    with pytest.raises(ControllerBusyError, match=r"after waiting 10.0s"):
+        lease(api_client_, 30, monotonic=fake_time.monotonic).acquire(wait_s=10)
+    assert fake_time.sleeps == [4.0, 4.0, 2.0], "a try at 0, 4, 8 and 10 s (client-go's 2 s of 15), none after"
     fake_time.sleeps.clear()
     with pytest.raises(ControllerBusyError):
-        lease(api_client_, 30).acquire(wait_s=0.01)
+        lease(api_client_, 30, monotonic=fake_time.monotonic).acquire(wait_s=0.01)
     assert fake_time.sleeps == [0.05], "never a busy loop, however little of the wait is left"
     reads = sum(1 for method, path in fake.requests if method == "GET" and "/leases/" in path) - reads_before
     assert reads == 4 + 2
     holder.release()
 
 
-def test_a_lease_records_when_it_was_acquired_and_how_often_it_changed_hands(api):
+def test_a_lease_records_when_it_was_acquired_and_how_often_it_changed_hands(api, monkeypatch):
     fake, api_client_ = api
     import datetime
 
@@ -357,12 +441,18 @@ def test_a_lease_records_when_it_was_acquired_and_how_often_it_changed_hands(api
     now[0] += datetime.timedelta(seconds=5)
     first.renew()
     now[0] += datetime.timedelta(seconds=3)
-    with pytest.raises(ControllerBusyError, match=r"renewed 3s ago\) has held this model's rollout for 8s"):
+    with pytest.raises(ControllerBusyError,
+                       match=r"renewed 3s ago by its clock\) has held this model's rollout for 8s"):
         lease(api_client_, 10, clock=lambda: now[0]).acquire(0)
-    for transitions in (1, 2):  # each expired holder taken over in turn
+    fake_time = FakeTime()
+    monkeypatch.setattr(kube, "time", fake_time)
+    for transitions in (1, 2):  # each holder that stopped renewing taken over in turn
         now[0] += datetime.timedelta(seconds=11)
-        taker = lease(api_client_, 10, clock=lambda: now[0])
+        taker = lease(api_client_, 10, clock=lambda: now[0], monotonic=fake_time.monotonic)
+        fake_time.sleeps.clear()
+        # Its renewTime is old by this clock: a hint to watch it for a whole duration even with no wait asked for.
         taker.acquire(0)
+        assert sum(fake_time.sleeps) >= 10
         taker._stop.set()
         spec = fake.find("Lease", NAMESPACE, "rollout-tiny")["spec"]
         assert spec["holderIdentity"] == taker.identity and spec["leaseTransitions"] == transitions

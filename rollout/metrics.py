@@ -82,13 +82,21 @@ def _add(total: dict, part: Mapping) -> None:
 
 
 def p99_ms(buckets: Mapping[float, float]) -> float:
-    """The upper bound (ms) of the latency bucket that holds the 99th percentile of cumulative counts by bound (µs);
-    0.0 for no request."""
+    """The 99th percentile (ms) of cumulative counts by bucket bound (µs), interpolated linearly inside its bucket as
+    Prometheus' histogram_quantile does (promql/quantile.go, bucketQuantile; the first bucket starts at 0), so that
+    the local gate and the Prometheus one judge the same figure; 0.0 for no request. One difference, on purpose: a
+    percentile beyond the highest finite bound is +Inf here (a gate then fails), where Prometheus reports that
+    bound."""
     cumulative = sorted(buckets.items())
     if not cumulative or cumulative[-1][1] <= 0:
         return 0.0
-    needed = 0.99 * cumulative[-1][1]
-    return next(b for b, count in cumulative if count >= needed) / 1000.0  # +Inf stays inf
+    rank = 0.99 * cumulative[-1][1]
+    index = next(i for i, (_, count) in enumerate(cumulative) if count >= rank)
+    end, count = cumulative[index]
+    if math.isinf(end):
+        return math.inf
+    start, below = cumulative[index - 1] if index > 0 else (0.0, 0.0)
+    return (start + (end - start) * (rank - below) / (count - below)) / 1000.0
 
 
 def _delta(before: Mapping, after: Mapping) -> dict | None:

@@ -224,7 +224,9 @@ def test_a_metrics_window_counts_what_the_servers_counted(tmp_path):
     assert figures["verdict"] == "passed"
     assert (figures["requests"], figures["errors"]) == (400 + SENT + 100 + 2, 2)
     assert figures["error_rate"] == pytest.approx(2 / (400 + SENT + 100 + 2))
-    assert figures["p99_ms"] == 1.0 and figures["verifier_requests"] == SENT and figures["source"] == "prometheus"
+    # Every prediction in the 1 ms bucket: the 99th percentile is 0.99 of the way through it.
+    assert figures["p99_ms"] == pytest.approx(0.99) and figures["verifier_requests"] == SENT
+    assert figures["source"] == "prometheus"
     assert figures["stable"]["requests"] == 500
     # The share counts every user request (the verifier's own taken out), failed ones included.
     assert figures["share"] == {"user_requests": 1002, "expected": 0.5, "checked": True,
@@ -242,13 +244,16 @@ def test_the_servers_error_rate_at_the_limit(tmp_path, errors, verdict):
         assert figures["error"] == "error rate 0.0110 > rollout.max_error_rate 0.01"
 
 
-@pytest.mark.parametrize("bound_us, verdict", [(250_000.0, "passed"), (250_001.0, "failed")])
-def test_the_servers_p99_at_the_limit(tmp_path, bound_us, verdict):
-    # 99 of 100 predictions in the 1 ms bucket would put p99 there; 2 slow ones put it in the slow bucket.
+@pytest.mark.parametrize("p99, verdict", [(249.999, "passed"), (250.001, "failed")])
+def test_the_servers_p99_at_the_limit(tmp_path, p99, verdict):
+    # 98 + SENT of 100 + SENT predictions in the 1 ms bucket, 2 in the next: the 99th percentile lies 0.46 of the way
+    # through it (rank 0.99 * 108 = 106.92, 0.92 of its 2), interpolated as Prometheus' histogram_quantile does.
+    through = (0.99 * (100 + SENT) - (98 + SENT)) / 2
+    bound_us = 1000.0 + (p99 * 1000.0 - 1000.0) / through
     slow = {1000.0: 98 + SENT, bound_us: 100 + SENT, math.inf: 100 + SENT}
     after = snap({"c-0": counters(ok=100 + SENT, latency_us=slow)}, {"stable-0": counters()})
     figures = metrics_window(tmp_path, snap({"c-0": counters()}), after, weight=100)
-    assert figures["p99_ms"] == bound_us / 1000 and figures["verdict"] == verdict
+    assert figures["p99_ms"] == pytest.approx(p99) and figures["verdict"] == verdict
     if verdict == "failed":
         assert figures["error"] == "p99 latency 250.0 ms > rollout.max_p99_ms 250.0"
 
@@ -268,18 +273,20 @@ def test_the_canary_error_rate_against_stable_in_the_same_window(tmp_path, canar
         assert "against stable's 0.0010 in the same window > rollout.max_error_rate_increase" in figures["error"]
 
 
-@pytest.mark.parametrize("canary_bound_us, stable_predictions, verdict", [
-    (4000.0, 1000, "passed"), (4001.0, 1000, "failed"), (4001.0, 20, "failed"), (4001.0, 19, "passed")])
-def test_the_canary_p99_against_stable_in_the_same_window(tmp_path, canary_bound_us, stable_predictions, verdict):
-    # Stable's p99 is 2 ms: at most 2x (max_p99_ratio here) is 4 ms; stable needs 20 predictions to be a reference.
+@pytest.mark.parametrize("canary_p99, stable_predictions, verdict", [
+    (3.979, 1000, "passed"), (3.981, 1000, "failed"), (3.981, 20, "failed"), (3.981, 19, "passed")])
+def test_the_canary_p99_against_stable_in_the_same_window(tmp_path, canary_p99, stable_predictions, verdict):
+    # Every prediction in the bucket above 1 ms (the first, empty, from the counters before): the 99th percentile is
+    # 0.99 of the way through it. Stable's (1, 2] ms gives 1.99 ms; at most 2x (max_p99_ratio here) is 3.98 ms; stable
+    # needs 20 predictions to be a reference.
     before = snap({"c-0": counters()}, {"s-0": counters()})
-    canary = {canary_bound_us: 1000.0, math.inf: 1000.0}
+    canary = {1000.0 + (canary_p99 * 1000 - 1000) / 0.99: 1000.0, math.inf: 1000.0}
     stable = {2000.0: stable_predictions, math.inf: stable_predictions}
     after = snap({"c-0": counters(ok=1000, latency_us=canary)},
                  {"s-0": counters(ok=stable_predictions, latency_us=stable)})
     limits = Limits(**{**LIMITS.__dict__, "share_tolerance_sigmas": 100.0})
     figures = metrics_window(tmp_path, before, after, weight=50, limits=limits)
-    assert (figures["p99_ms"], figures["stable"]["p99_ms"]) == (canary_bound_us / 1000, 2.0)
+    assert (figures["p99_ms"], figures["stable"]["p99_ms"]) == pytest.approx((canary_p99, 1.99))
     assert figures["verdict"] == verdict
     if verdict == "failed":
         assert figures["error"] == ("p99 latency 4.0 ms against stable's 2.0 ms in the same window > "
@@ -417,13 +424,23 @@ def test_window_figures_add_up_every_server_of_the_track():
 # The window arithmetic itself
 
 
-def test_p99_is_the_upper_bound_of_the_bucket_holding_the_99th_percentile():
+def test_p99_is_interpolated_inside_its_bucket_as_prometheus_does():
     from rollout.metrics import p99_ms
 
     assert p99_ms({}) == 0.0 and p99_ms({1000.0: 0.0, math.inf: 0.0}) == 0.0
-    assert p99_ms({1000.0: 1.0, math.inf: 1.0}) == 1.0
-    # 99 of 100 at or under 1 ms: the 99th percentile is in that bucket, exactly at its count.
-    assert p99_ms({1000.0: 99.0, 2000.0: 100.0, math.inf: 100.0}) == 1.0
+    # One request under 1 ms: the first bucket starts at 0, and its 0.99th share is at 0.99 ms.
+    assert p99_ms({1000.0: 1.0, math.inf: 1.0}) == pytest.approx(0.99)
+    # 99 of 100 at or under 1 ms: the 99th percentile is that bucket's bound exactly.
+    assert p99_ms({1000.0: 99.0, 2000.0: 100.0, math.inf: 100.0}) == pytest.approx(1.0)
+    # TF Serving's buckets around 200 ms (10 µs * 1.8^i): (218.6, 393.5] ms. 90 below, 10 inside: the 99th is 9/10 of
+    # the way through that bucket, not its bound.
+    low, high = 10 * 1.8 ** 17, 10 * 1.8 ** 18
+    assert p99_ms({low: 90.0, high: 100.0, math.inf: 100.0}) == pytest.approx((low + 0.9 * (high - low)) / 1000)
+    # The review's case: a p99 just above 218.6 ms stays under a 250 ms limit; the bucket's bound, 393.5 ms, did not.
+    assert p99_ms({low: 989.0, high: 1000.0, math.inf: 1000.0}) == pytest.approx((low + (high - low) / 11) / 1000)
+    assert p99_ms({low: 989.0, high: 1000.0, math.inf: 1000.0}) < 250 < high / 1000
+    # Half of the 99th's bucket: 10 µs + 0.98 * 10 µs.
+    assert p99_ms({10.0: 50.0, 20.0: 100.0, math.inf: 100.0}) == pytest.approx(0.0198)
     # The total is the last (the +Inf) bucket's count: 2 of 100 under 20 µs put the 99th beyond every bound.
     assert p99_ms({10.0: 1.0, 20.0: 2.0, math.inf: 100.0}) == math.inf
     # Only the total (the last bucket) says whether there was any request.

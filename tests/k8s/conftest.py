@@ -14,11 +14,16 @@ COMPONENTS = {k for k in KUSTOMIZATIONS if yaml.safe_load((REPO / k / "kustomiza
 
 @pytest.fixture(scope="session")
 def cluster(control_plane):
-    """The control plane with every namespace the manifests use: those they define as they define them, any other
-    (one a user creates) labelled for the restricted Pod Security Standard."""
+    """The control plane with every namespace the manifests use (those they define as they define them, any other,
+    one a user creates, labelled for the restricted Pod Security Standard) and kube-controller-manager running."""
     objects = [o for k in KUSTOMIZATIONS if k not in COMPONENTS for o in render(k)]
     defined = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Namespace"}
     control_plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(list(defined.values())))
-    for name in sorted({o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} - set(defined)):
+    used = {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]}
+    for name in sorted(used - set(defined)):
         control_plane.namespace(name)
+    # Its serviceaccount controller gives each namespace the account `default`, which a pod without one runs as.
+    control_plane.start_controller_manager()
+    for name in sorted(used | set(defined)):
+        control_plane.wait_for("serviceaccount", "default", name)
     return control_plane

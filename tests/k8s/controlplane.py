@@ -168,6 +168,24 @@ class ControlPlane:
         self._install_crds()
         self.startup_seconds = time.monotonic() - began
 
+    def start_controller_manager(self, controllers: tuple[str, ...] = (
+            "serviceaccount-controller", "serviceaccount-token-controller", "root-ca-certificate-publisher-controller",
+            "deployment-controller", "replicaset-controller", "job-controller", "garbage-collector-controller"),
+    ) -> None:
+        """kube-controller-manager with only `controllers` (Deployments make ReplicaSets make Pods, Jobs make
+        Pods; no kubelet runs them, so a test writes the pods' status itself); at most once per control plane."""
+        if "kube-controller-manager" in self.processes:
+            return
+        if not (BIN / "kube-controller-manager").exists():
+            pytest.fail(f"kube-controller-manager is missing under {BIN}: run `make controlplane`.")
+        self._spawn("kube-controller-manager", [
+            str(BIN / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false",
+            f"--controllers={','.join(controllers)}", f"--root-ca-file={self.pki / 'ca.crt'}",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}", "--use-service-account-credentials=false",
+            f"--cert-dir={self.folder / 'controller-manager-certs'}"])
+
     def stop(self) -> None:
         for name in reversed(list(self.processes)):
             process = self.processes[name]
@@ -240,6 +258,18 @@ class ControlPlane:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
+
+    def wait_for(self, kind: str, name: str, namespace: str, timeout_s: float = 120) -> None:
+        """Until the object exists (a controller creates it)."""
+        deadline = time.monotonic() + timeout_s
+        while self.kubectl("get", kind, name, "-n", namespace, check=False).returncode != 0:
+            for process_name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{process_name} exited with {process.returncode}:\n"
+                                       f"{self.log_tail(process_name)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {kind} {namespace}/{name} after {timeout_s} s")
+            time.sleep(0.5)
 
     def namespace(self, name: str) -> None:
         """Creates a namespace the manifests expect but do not create, labelled for the restricted Pod Security

@@ -10,7 +10,21 @@ import pytest
 import yaml
 
 from tests.k8s.conftest import COMPONENTS, KUSTOMIZATIONS
-from tests.k8s.render import render
+from tests.k8s.render import REPO, render
+
+# Custom resources outside any kustomization (applied with kubectl create -f).
+LOOSE_FILES = ["k8s/kubedl/tfjob.yaml"]
+
+
+def objects_of(source: str) -> list[dict]:
+    if source in LOOSE_FILES:
+        return [d for d in yaml.safe_load_all((REPO / source).read_text()) if d]
+    return render(source)
+
+
+def dry_run(plane, objects: list[dict]):
+    return plane.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(objects),
+                         check=False)
 
 
 def server_warnings(stderr: str) -> list[str]:
@@ -23,12 +37,11 @@ def test_every_kustomization_is_found():
     assert COMPONENTS == {"k8s/serving/gateway"}
 
 
-@pytest.mark.parametrize("kustomization", [k for k in KUSTOMIZATIONS if k not in COMPONENTS])
+@pytest.mark.parametrize("kustomization", [k for k in KUSTOMIZATIONS if k not in COMPONENTS] + LOOSE_FILES)
 def test_the_api_server_accepts_the_kustomization(cluster, kustomization):
-    objects = [o for o in render(kustomization) if o["kind"] != "Namespace"]
+    objects = [o for o in objects_of(kustomization) if o["kind"] != "Namespace"]
     assert objects, kustomization
-    result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-",
-                             input=yaml.safe_dump_all(objects), check=False)
+    result = dry_run(cluster, objects)
     assert result.returncode == 0, f"the API server refused {kustomization}:\n{result.stderr}"
     assert not server_warnings(result.stderr), f"the API server warned on {kustomization}:\n{result.stderr}"
     applied = [line for line in result.stdout.splitlines() if "serverside-applied" in line]
@@ -39,8 +52,7 @@ def test_a_pod_the_restricted_standard_refuses_is_refused(cluster):
     """The PodSecurity admission of the fixture's namespaces is on: a root pod is refused, not accepted."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "root", "namespace": "mlops-serving"},
            "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"runAsUser": 0}}]}}
-    result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod),
-                             check=False)
+    result = dry_run(cluster, [pod])
     assert result.returncode != 0 and 'violates PodSecurity "restricted:latest"' in result.stderr, result.stderr
 
 
@@ -49,7 +61,26 @@ def test_a_route_the_gateway_api_cel_rules_refuse_is_refused(cluster):
     route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
              "metadata": {"name": "bad", "namespace": "mlops-serving"},
              "spec": {"rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "no-leading-slash"}}]}]}}
-    result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump(route),
-                             check=False)
-    assert result.returncode != 0 and "HTTPRoute.gateway.networking.k8s.io \"bad\" is invalid" in result.stderr, \
+    result = dry_run(cluster, [route])
+    assert result.returncode != 0 and "The HTTPRoute \"bad\" is invalid" in result.stderr, \
         result.stderr
+
+
+@pytest.mark.parametrize("kind, mutate", [
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(wieght=5)),
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weight="50%")),
+    ("GRPCRoute", lambda o: o["spec"]["rules"][0].update(backendRef=[])),
+    ("Inference", lambda o: o["spec"]["predictors"][0].update(trafficWieght=10)),
+    ("Inference", lambda o: o["spec"]["predictors"][0].pop("name")),
+    ("ModelVersion", lambda o: o["spec"].update(modelNmae="taxi")),
+    ("TFJob", lambda o: o["spec"].update(cleanPodPolicey="All")),
+    ("Deployment", lambda o: o["spec"]["template"]["spec"].update(serviceAcountName="tfserving")),
+])
+def test_a_misspelled_or_mistyped_field_is_refused(cluster, kind, mutate):
+    """The server's strict field validation and the CRDs' schemas refuse what a typo makes of a manifest."""
+    sources = [k for k in KUSTOMIZATIONS if k not in COMPONENTS] + LOOSE_FILES
+    obj = next(o for source in sources for o in objects_of(source) if o["kind"] == kind)
+    assert dry_run(cluster, [obj]).returncode == 0
+    mutate(obj)
+    result = dry_run(cluster, [obj])
+    assert result.returncode != 0, f"the broken {kind} was accepted"

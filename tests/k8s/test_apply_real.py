@@ -66,21 +66,25 @@ def test_a_route_the_gateway_api_cel_rules_refuse_is_refused(cluster):
         result.stderr
 
 
-@pytest.mark.parametrize("kind, mutate", [
-    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(wieght=5)),
-    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weight="50%")),
-    ("GRPCRoute", lambda o: o["spec"]["rules"][0].update(backendRef=[])),
-    ("Inference", lambda o: o["spec"]["predictors"][0].update(trafficWieght=10)),
-    ("Inference", lambda o: o["spec"]["predictors"][0].pop("name")),
-    ("ModelVersion", lambda o: o["spec"].update(modelNmae="taxi")),
-    ("TFJob", lambda o: o["spec"].update(cleanPodPolicey="All")),
-    ("Deployment", lambda o: o["spec"]["template"]["spec"].update(serviceAcountName="tfserving")),
+@pytest.mark.parametrize("kind, mutate, refusal", [
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(wieght=5),
+     ".wieght: field not declared in schema"),
+    ("HTTPRoute", lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(weight="50%"),
+     ".weight: expected numeric (int or float), got string"),
+    ("GRPCRoute", lambda o: o["spec"]["rules"][0].update(backendRef=[]), ".backendRef: field not declared in schema"),
+    ("Inference", lambda o: o["spec"]["predictors"][0].update(trafficWieght=10),
+     ".trafficWieght: field not declared in schema"),
+    ("Inference", lambda o: o["spec"]["predictors"][0].pop("name"), "spec.predictors[0].name: Required value"),
+    ("ModelVersion", lambda o: o["spec"].update(modelNmae="taxi"), ".modelNmae: field not declared in schema"),
+    ("TFJob", lambda o: o["spec"].update(cleanPodPolicey="All"), ".cleanPodPolicey: field not declared in schema"),
+    ("Deployment", lambda o: o["spec"]["template"]["spec"].update(serviceAcountName="tfserving"),
+     ".serviceAcountName: field not declared in schema"),
 ])
-def test_a_misspelled_or_mistyped_field_is_refused(cluster, kind, mutate):
+def test_a_misspelled_or_mistyped_field_is_refused(cluster, kind, mutate, refusal):
     """The server's strict field validation and the CRDs' schemas refuse what a typo makes of a manifest."""
     sources = [k for k in KUSTOMIZATIONS if k not in COMPONENTS] + LOOSE_FILES
     obj = next(o for source in sources for o in objects_of(source) if o["kind"] == kind)
     assert dry_run(cluster, [obj]).returncode == 0
     mutate(obj)
     result = dry_run(cluster, [obj])
-    assert result.returncode != 0, f"the broken {kind} was accepted"
+    assert result.returncode != 0 and refusal in result.stderr, f"the broken {kind}: {result.stderr}"

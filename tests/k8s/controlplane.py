@@ -5,10 +5,12 @@ default admission plugins (PodSecurity among them), and the CRDs the manifests u
 Established. One per test session (the `control_plane` fixture of tests/conftest.py)."""
 from __future__ import annotations
 
+import ctypes
 import datetime
 import ipaddress
 import json
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -36,6 +38,12 @@ KUBEDL_CRDS = {"inference.serving.kubedl.io.json": "inferences", "modelversion.m
                "tfjob.training.kubedl.io.json": "tfjobs"}
 SERVICE_CIDR = "10.96.0.0/16"
 READY_TIMEOUT_S = 180
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills it when the test process dies, even by SIGKILL (a CI
+    timeout), so no etcd or API server outlives the session (prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -203,7 +211,7 @@ class ControlPlane:
         self.logs[name] = log
         with log.open("wb") as out:
             self.processes[name] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL)
+                                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         return "\n".join(self.logs[name].read_text(errors="replace").splitlines()[-lines:])

@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 NOTEBOOK_ARGS ?=
 
 .PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
-  image-test
+  image-test controlplane
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
@@ -40,6 +40,7 @@ help:
 	@echo "make deploy-deps  install haproxy and prometheus (as root, apt) for mlops deploy local"
 	@echo "make image-test  build the Dockerfile with buildah (on local stand-ins for its base images) and run the image"
 	@echo "make image-deps  install buildah and mmdebstrap (as root, apt) for make image-test"
+	@echo "make controlplane  build the tests' etcd and kube-apiserver from source (Go 1.24+; part of make test)"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM) $(HAPROXY) $(PROMETHEUS)
 
@@ -126,8 +127,14 @@ lock: | $(UV)
 demo: setup
 	$(VENV)/bin/mlops run --config $(CONFIG) --serve-after
 
+# The test control plane: etcd, kube-apiserver and kube-controller-manager built from source at the versions of
+# tools/controlplane/go.mod into .cache/controlplane, with the CRDs of tools/controlplane/crds/go.mod (the build script
+# skips itself when they are up to date; README, "Tests", gives the cold build's time and memory).
+controlplane:
+	tools/controlplane/build.sh
+
 # The suite, then the image: built from the Dockerfile and run (image-test, below).
-test: setup
+test: setup controlplane
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) image-test

@@ -64,3 +64,16 @@ def init_and_run(root: Path, data: Path, label: str, overrides: list[str]) -> tu
     assert cli.main(["init", "--data", str(data), "--label", label, "--output", str(out)]) == 0
     config = load_config(out / f"{data.name}.yaml", [f"output_root={root / 'outputs'}", *overrides])
     return config, run_local(config)
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    """A real etcd and kube-apiserver with the manifests' CRDs installed, one per session (tests/k8s/controlplane.py);
+    every process stopped at the end, also when a test fails."""
+    from tests.k8s.controlplane import remove, start_control_plane
+
+    plane = start_control_plane()
+    try:
+        yield plane
+    finally:
+        remove(plane)

@@ -171,3 +171,22 @@ def test_each_track_answers_its_routes_share_at_every_step(plane):
     finally:
         router.set_weights({STABLE: 100, CANARY: 0})
     print(f"canary answers of {REQUESTS_PER_STEP} per step: {seen}")
+
+
+def test_the_listeners_namespace_selector_is_kept_though_egctl_drops_namespace_labels():
+    from rollout.envoy import TranslationRefused, selects
+
+    objects = GatewayObjects.from_repository()
+    [gateway] = [o for o in objects.translator_input() if o["kind"] == "Gateway"]
+    assert [lst["allowedRoutes"]["namespaces"] for lst in gateway["spec"]["listeners"]] == [{"from": "All"}] * 2
+    name_in = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                     "values": ["mlops-serving"]}]}
+    assert selects(name_in, "mlops-serving") and not selects(name_in, "mlops")
+    assert not selects({"matchLabels": {"kubernetes.io/metadata.name": "mlops"}}, "mlops-serving")
+    assert not selects({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, "mlops-serving")
+    assert selects({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, "mlops-serving")
+    # A selector that leaves the routes' namespace out refuses them, as the controller would on a cluster.
+    for listener in next(o for o in objects.gateway if o["kind"] == "Gateway")["spec"]["listeners"]:
+        listener["allowedRoutes"]["namespaces"]["selector"]["matchExpressions"][0]["values"] = ["mlops"]
+    with pytest.raises(TranslationRefused, match="Route mlops-serving/tfserving(-grpc)? is not allowed by listener"):
+        objects.translator_input()

@@ -38,6 +38,7 @@ GATEWAY_KUSTOMIZATION = REPO_ROOT / "k8s" / "serving" / "gateway-envoy"
 ROUTES_KUSTOMIZATION = REPO_ROOT / "k8s" / "serving" / "bootstrap"
 SERVICES_KUSTOMIZATION = REPO_ROOT / "k8s" / "serving" / "base"
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+TRACK_SERVICES = {"stable": "tfserving-stable", "canary": "tfserving-canary"}
 # Envoy Gateway's metadata key on the localities and clusters it generates (internal/xds/translator, v1.9.1).
 EG_METADATA = "envoy-gateway"
 TYPE_LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -392,6 +393,8 @@ class EnvoyRouter:
     admin: str
     egctl: Path = EGCTL
     generation: int = 0
+    # The Services of each track in the routes (k8s/serving/base; rollout.kubernetes.stable_service/canary_service).
+    tracks: dict[str, str] = field(default_factory=lambda: dict(TRACK_SERVICES))
 
     @classmethod
     def start(cls, folder: Path, objects: GatewayObjects, upstreams: Mapping[str, Mapping[int, Sequence[str]]],
@@ -486,6 +489,10 @@ class EnvoyRouter:
             raise RouterError(f"Envoy's clusters send {service} different shares ({self.weights()}).")
         return shares.pop()
 
+    def canary_weight(self) -> int:
+        """The canary's share in percent, as Envoy applies it (the interface of rollout/local_stack.py's Router)."""
+        return round(100 * self.share(self.tracks["canary"]))
+
     def _endpoints_match(self, translation: Translation) -> bool:
         wanted = {a["clusterName"]: {locality_service(loc)[0]: int(loc.get("loadBalancingWeight", 1))
                                      for loc in a.get("endpoints", [])} for a in translation.endpoints}
@@ -504,6 +511,10 @@ class EnvoyRouter:
         EnvoyFiles(self.folder).write(translation, self.upstreams, str(self.generation))
         self.wait_until(lambda: self._endpoints_match(translation), timeout_s)
         return translation
+
+    def set_canary_weight(self, percent: int) -> None:
+        """The canary's Service at `percent`, stable's at the rest, as the kubernetes backend writes the routes."""
+        self.set_weights({self.tracks["stable"]: 100 - percent, self.tracks["canary"]: percent})
 
     def wait_until(self, condition, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

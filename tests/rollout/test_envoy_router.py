@@ -155,8 +155,8 @@ def test_each_track_answers_its_routes_share_at_every_step(plane):
     seen = {}
     try:
         for step in (0, 10, 50, 100):
-            router.set_weights({STABLE: 100 - step, CANARY: step})
-            assert router.share(CANARY) == step / 100, router.weights()
+            router.set_canary_weight(step)
+            assert router.canary_weight() == step and router.share(CANARY) == step / 100, router.weights()
             canary = 0
             with RestClient(f"http://{plane['rest']}", retries=0) as rest, GrpcClient(plane["grpc"], retries=0) as rpc:
                 for i in range(REQUESTS_PER_STEP):
@@ -169,7 +169,7 @@ def test_each_track_answers_its_routes_share_at_every_step(plane):
             assert low <= canary <= high, f"step {step}%: canary answered {canary} of {REQUESTS_PER_STEP}, " \
                                           f"outside [{low}, {high}]"
     finally:
-        router.set_weights({STABLE: 100, CANARY: 0})
+        router.set_canary_weight(0)
     print(f"canary answers of {REQUESTS_PER_STEP} per step: {seen}")
 
 

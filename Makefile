@@ -20,13 +20,17 @@ BUILDAH := /usr/bin/buildah
 MMDEBSTRAP := /usr/bin/mmdebstrap
 # The tag `make image-test` gives the image it builds from the Dockerfile.
 TEST_IMAGE := localhost/tfx-mlops:image-test
+# Envoy Gateway's translator (`egctl x translate`), built by tools/envoy-gateway/build.sh from that module's
+# go.mod/go.sum with the Go toolchain (Go 1.26.7 or newer), into an ignored folder.
+EGCTL := .cache/envoy-gateway/bin/egctl
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 CONFIG ?= pipeline/configs/taxi.yaml
 PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
 .PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
-  image-test controlplane
+  image-test controlplane envoy-gateway
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
@@ -41,6 +45,7 @@ help:
 	@echo "make image-test  build the Dockerfile with buildah (on local stand-ins for its base images) and run the image"
 	@echo "make image-deps  install buildah and mmdebstrap (as root, apt) for make image-test"
 	@echo "make controlplane  build the tests' etcd and kube-apiserver from source (Go 1.24+; part of make test)"
+	@echo "make envoy-gateway  build Envoy Gateway's egctl (the routes' translator for Envoy) into $(EGCTL)"
 
 setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM) $(HAPROXY) $(PROMETHEUS)
 
@@ -93,6 +98,13 @@ image-test: setup $(BUILDAH) $(MMDEBSTRAP)
 	buildah bud --isolation chroot --layers --pull=never -t $(TEST_IMAGE) .
 	$(PY) -m pytest tests/test_image.py --image $(TEST_IMAGE) $(PYTEST_ARGS)
 
+# Rebuilt only when the module's files change (a cold build downloads the modules and compiles: see
+# tools/envoy-gateway/README.md for its time and memory).
+envoy-gateway: $(EGCTL)
+
+$(EGCTL): tools/envoy-gateway/go.mod tools/envoy-gateway/go.sum tools/envoy-gateway/tools.go tools/envoy-gateway/build.sh
+	GO=$(GO) tools/envoy-gateway/build.sh $(abspath $@)
+
 # The venv and the pinned uv in it; recreated when it is not Python 3.10.
 $(UV):
 	@py=$$(UV_VERSION=$(UV_VERSION) scripts/find_python310.sh) || exit 1; \
@@ -134,7 +146,7 @@ controlplane:
 	tools/controlplane/build.sh
 
 # The suite, then the image: built from the Dockerfile and run (image-test, below).
-test: setup controlplane
+test: setup controlplane envoy-gateway
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) image-test

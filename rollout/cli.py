@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +129,18 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
                 print(f"    report: {page}")
 
 
+# 128 + SIGTERM, what a shell reports for a process the signal ended.
+TERMINATED_EXIT_CODE = 143
+
+
+class Terminated(BaseException):
+    """SIGTERM (a deleted or evicted pod, `kill`): unwinds the controller as Ctrl-C does, so its Lease is released."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def rollout_command(args: argparse.Namespace) -> int:
     from rollout.factory import build_controller
     from settings.config import load_config
@@ -139,13 +153,21 @@ def rollout_command(args: argparse.Namespace) -> int:
         if not args.json:
             _print_status(document, controller.report_dir)
         return 0
-    if args.action == "start":
-        record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry,
-                                  allow_downgrade=args.allow_downgrade)
-    elif args.action == "promote":
-        record = controller.promote(wait_retain=not args.no_wait)
-    else:
-        record = controller.rollback()
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if args.action == "start":
+            record = controller.start(args.version, wait_retain=not args.no_wait, retry=args.retry,
+                                      allow_downgrade=args.allow_downgrade)
+        elif args.action == "promote":
+            record = controller.promote(wait_retain=not args.no_wait)
+        else:
+            record = controller.rollback()
+    except Terminated:
+        print("stopped by SIGTERM: the controller's lock was released and the state keeps the rollout where it was; "
+              "`mlops rollout status` shows it, and the same command resumes it.", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     outcome = record.get("outcome")
     if outcome == "rolled_back":
         return 3

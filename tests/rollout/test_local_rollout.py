@@ -135,8 +135,9 @@ def _phase_key(state_path):
 
 
 def test_a_controller_killed_at_every_step_finishes_the_same_way(fleet):
-    """SIGKILL right after each phase is recorded, restart, until a run finishes: the end state and the recorded
-    steps are those of an uninterrupted rollout."""
+    """SIGKILL or SIGTERM (in turn) right after each phase is recorded, restart, until a run finishes: the end state
+    and the recorded steps are those of an uninterrupted rollout. A SIGTERM'd controller (a deleted or evicted pod)
+    unwinds, releasing its lock, and exits 143 saying how to resume."""
     state_path = fleet["base"] / ".rollouts" / f"{MODEL}.json"
     command = [sys.executable, "-m", "pipeline.cli", "rollout", "start", "--version", "6"]
     for override in overrides(fleet):
@@ -149,8 +150,14 @@ def test_a_controller_killed_at_every_step_finishes_the_same_way(fleet):
         while process.poll() is None:
             key = _phase_key(state_path)
             if key not in seen:
-                os.kill(process.pid, signal.SIGKILL)
+                terminate = len(kills) % 2 == 1
+                os.kill(process.pid, signal.SIGTERM if terminate else signal.SIGKILL)
                 process.wait()
+                if terminate:
+                    output = process.stdout.read()
+                    assert process.returncode == 143 and "stopped by SIGTERM" in output, (process.returncode, output)
+                else:
+                    assert process.returncode == -signal.SIGKILL
                 seen.add(key)
                 kills.append(key)
                 break

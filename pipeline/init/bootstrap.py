@@ -29,8 +29,8 @@ from pipeline.data import (
     DataError,
     cell_type,
     check_csv_folder,
-    csv_header,
     profile_columns,
+    read_csv_header,
 )
 from reports.statistics_page import statistics_html
 from settings.config import (
@@ -679,7 +679,7 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     if folder.is_file():
         raise DataError(f"--data {folder} is a file; pass the folder that holds the CSV files ({folder.parent}).")
     files = check_csv_folder(folder)
-    header = csv_header(files[0])
+    header = list(read_csv_header(files[0]).names)
     if label not in header:
         raise DataError(f"--label {label!r} is not a column of the CSV files in {folder}; choose one of "
                         f"{', '.join(header)}.")
@@ -698,6 +698,9 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     profiles = profile_columns(files, COMMON_MISSING_MARKERS)
     rows = next(iter(profiles.values())).rows
     print(f"reading {len(files)} CSV file(s) from {folder.resolve()}: {rows:,} rows, {len(header)} columns", file=out)
+    if read_csv_header(files[0]).row_index:
+        print("  the header's first column has no name: read as a row index (as R and pandas write one) and left out",
+              file=out)
     markers, marker_notes = propose_markers(profiles)
     for note in marker_notes:
         print(f"  missing-value marker {note}", file=out)

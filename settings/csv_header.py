@@ -5,12 +5,27 @@ A header no reader could map to columns (a name twice, an empty name) is refused
 from __future__ import annotations
 
 import csv
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from settings.errors import UserError
 
 BYTE_ORDER_MARK = "\ufeff"
+# What a feature is called in every stage and format: TF names a signature's input tensors in lower case, with
+# letters, digits and _ only (tf.function's sanitize_arg_name), and TF.js, ONNX and TFLite take those names.
+FEATURE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def feature_name(column: str, position: int = 0) -> str:
+    """The feature a CSV column becomes: its name in lower case, accents dropped, any other run of characters a `_`,
+    a letter first; `column_<position>` when nothing of it is left (a name in another script)."""
+    text = unicodedata.normalize("NFKD", column.casefold()).encode("ascii", "ignore").decode()
+    name = re.sub(r"[^a-z0-9]+", "_", text).strip("_")
+    if not name:
+        return f"column_{position}"
+    return name if name[0].isalpha() else f"c_{name}"
 
 
 class CsvHeaderError(UserError, ValueError):
@@ -21,10 +36,16 @@ class CsvHeaderError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class CsvHeader:
-    """The column names of a CSV file, and whether each row's first field is an unnamed row index to leave out."""
+    """The features a CSV file's columns become (`names`), the header's own names (`columns`), and whether each
+    row's first field is an unnamed row index to leave out."""
 
     names: tuple[str, ...]
     row_index: bool = False
+    columns: tuple[str, ...] = ()
+
+    def renamed(self) -> list[tuple[str, str]]:
+        """(column, feature) for each column whose feature has another name."""
+        return [(c, n) for c, n in zip(self.columns, self.names, strict=True) if c != n]
 
     @property
     def fields(self) -> int:
@@ -55,7 +76,15 @@ def parse_header(cells: list[str], where: str) -> CsvHeader:
             raise CsvHeaderError(f"the header of {where} names '{name}' twice (columns {seen[name]} and {position}); "
                                  "rename one of them.")
         seen[name] = position
-    return CsvHeader(tuple(names), row_index)
+    features: dict[str, str] = {}
+    for position, name in enumerate(names, start=1 + row_index):
+        feature = feature_name(name, position)
+        if feature in features:
+            raise CsvHeaderError(f"the header of {where} names the columns '{features[feature]}' and '{name}', which "
+                                 f"both become the feature '{feature}' (lower case, letters, digits and _); rename "
+                                 "one of them.")
+        features[feature] = name
+    return CsvHeader(tuple(features), row_index, tuple(names))
 
 
 def header_of_line(line: str | bytes, where: str) -> CsvHeader:

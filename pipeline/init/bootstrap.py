@@ -35,7 +35,6 @@ from pipeline.data import (
 from reports.statistics_page import statistics_html
 from settings.config import (
     EPOCH_FORMAT,
-    FEATURE_NAME,
     MONITORING_THRESHOLDS,
     REGRESSION_TOLERANCE_SHARE,
     TOLERANCE_KEYS,
@@ -48,7 +47,6 @@ from settings.config import (
     PipelineConfig,
     feature_kind,
     load_config,
-    usable_name,
 )
 from settings.tasks import no_skill_bound
 
@@ -356,11 +354,6 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
     placements = []
     for column in header:
         if column == label:
-            continue
-        if not FEATURE_NAME.fullmatch(column):
-            placements.append(Placement(column, None, "no model input can have this name (letters, digits, _, . and "
-                                                      f"- only): rename the column, e.g. to {usable_name(column)!r}, "
-                                                      "to use it"))
             continue
         profile = profiles[column]
         values = _values(profile, markers)
@@ -679,7 +672,10 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     if folder.is_file():
         raise DataError(f"--data {folder} is a file; pass the folder that holds the CSV files ({folder.parent}).")
     files = check_csv_folder(folder)
-    header = list(read_csv_header(files[0]).names)
+    read_header = read_csv_header(files[0])
+    header = list(read_header.names)
+    # The label may be given by the header's own name or by the feature's.
+    label = dict(zip(read_header.columns, read_header.names, strict=True)).get(label, label)
     if label not in header:
         raise DataError(f"--label {label!r} is not a column of the CSV files in {folder}; choose one of "
                         f"{', '.join(header)}.")
@@ -698,9 +694,12 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     profiles = profile_columns(files, COMMON_MISSING_MARKERS)
     rows = next(iter(profiles.values())).rows
     print(f"reading {len(files)} CSV file(s) from {folder.resolve()}: {rows:,} rows, {len(header)} columns", file=out)
-    if read_csv_header(files[0]).row_index:
+    if read_header.row_index:
         print("  the header's first column has no name: read as a row index (as R and pandas write one) and left out",
               file=out)
+    for column, feature in read_header.renamed():
+        print(f"  column {column!r} is the feature {feature!r} in the config, the model and its requests (every "
+              "export format takes lower-case letters, digits and _)", file=out)
     markers, marker_notes = propose_markers(profiles)
     for note in marker_notes:
         print(f"  missing-value marker {note}", file=out)

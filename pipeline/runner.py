@@ -103,6 +103,43 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     DataValidationError (schema anomalies) or PipelineError.
     """
     out = out or sys.stdout  # looked up per call: a default bound at import misses a redirected stdout
+    # Where the run stands, for the report of a run that fails: the stage and the log once they exist.
+    state: dict[str, object] = {"stage": "checking the data and the config", "log_path": "", "tfx": False}
+    try:
+        return _run_local(config, out, data_only, state)
+    except Exception as error:
+        failure_report(config, error, state, out)
+        raise
+
+
+def failure_report(config: PipelineConfig, error: Exception, state: dict[str, object], out: TextIO) -> str:
+    """Writes the run report of a failed run (what failed, where, and what to do: the error's own sentence), with
+    what the stages that ran recorded; returns its path (empty when even the report cannot be written)."""
+    summary = None
+    if state["tfx"]:
+        try:
+            with _logs_to_file(str(state["log_path"])):
+                summary = latest_run(os.path.abspath(config.metadata_path), config.name)
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report; this only adds to it
+            summary = None
+    if summary is None:
+        summary = RunSummary(run_id=time.strftime("%Y-%m-%dT%H:%M:%S") + "-failed")
+    summary.task.setdefault("kind", config.label.kind)
+    summary.failed_stage = str(state["stage"])
+    summary.failure = str(error)
+    if isinstance(error, UserError):
+        summary.failure = f"{getattr(error, 'prefix', 'error')}: {error}"
+    summary.log_path = str(state["log_path"])
+    summary.total_seconds = round(time.monotonic() - STARTED, 2)
+    try:
+        _, html_path = write_report(summary, run_report_dir(config, summary.run_id))
+    except OSError:
+        return ""
+    print(f"report of the failed run: {html_path}", file=out, flush=True)
+    return html_path
+
+
+def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict[str, object]) -> RunSummary:
     from components.gates.anomalies import DataValidationError
 
     files = None
@@ -119,6 +156,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     log_dir = os.path.join(config.output_root, "logs")
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.abspath(os.path.join(log_dir, f"{config.name}-{stamp}.log"))
+    state.update(log_path=log_path, stage="building the pipeline")
     print(f"pipeline '{config.name}': {source}", file=out)
     print(f"outputs under {os.path.abspath(config.output_root)}; full log {log_path}", file=out, flush=True)
 
@@ -137,12 +175,14 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
             tfx_pipeline = create_pipeline(config, data_only=data_only)
             stages = [node.id for node in tfx_pipeline.components]
             progress = StageProgress(stages, out, os.path.abspath(config.metadata_path), config.name)
+            state["tfx"] = True
             with progress.track():
                 ConcurrentDagRunner(workers, gates=frozenset({GATE_NODE})).run(tfx_pipeline)
     except Exception as error:
         if progress is None:
             raise PipelineError(f"the pipeline could not be built: {error}; see the full log at {log_path}") from error
         progress.failed()
+        state["stage"] = progress.current or "the pipeline"
         gate = _find_cause(error, DataValidationError)
         if gate is not None:
             raise gate from None
@@ -153,6 +193,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
                 verdict = evaluator_verdict(config)
         raise PipelineError(f"{stage} failed: {error}{verdict}; see the full log at {log_path}") from error
 
+    state["stage"] = "reading the run back"
     # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.
     with _logs_to_file(log_path):
         summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)

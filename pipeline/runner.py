@@ -210,6 +210,7 @@ def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict
             summary.published_new = False
         if summary.published_version is not None:
             summary.published_labels = _labels_on(config, summary.published_version)
+            summary.published_serving = _serving(config, summary.published_version)
         json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
@@ -243,6 +244,32 @@ def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:
     label_std = label.get("std") if config.label.kind == "regression" else None
     return not_blessed_message(summary.baseline.get("failed_thresholds") or [], config, summary.metrics,
                                summary.baseline.get("metrics") or {}, label_std)
+
+
+def baseline_line(summary: RunSummary) -> str:
+    """The comparison with the baseline model that took part in the blessing, for the console: the task metric of
+    both and the change; empty when the Evaluator did not run."""
+    if not summary.metrics or summary.blessed is None:
+        return ""
+    base = summary.baseline.get("metrics") or {}
+    metric = summary.task.get("metric") or next((n for n in ("auc", "macro_auc", "rmse") if n in summary.metrics), "")
+    if not base or metric not in base or metric not in summary.metrics:
+        return "none to compare with (the first blessed model, or evaluation.baseline none): the bounds alone decided"
+    cached = " (the cached Evaluator's comparison, from the run that evaluated this model)" \
+        if "Evaluator" in summary.cached_stages else ""
+    return (f"{metric} {base[metric]:.4f}, this model {summary.metrics[metric]:.4f}, change "
+            f"{summary.metrics[metric] - base[metric]:+.4f}{cached}")
+
+
+def _serving(config: PipelineConfig, version: int) -> bool:
+    """Whether the model repository's config serves `version` (False when it cannot be read)."""
+    from serving.repository.base import RepositoryError
+    from serving.repository.factory import open_repository
+
+    try:
+        return version in open_repository(config.serving_base_dir).served_versions(config.model_name)
+    except (RepositoryError, OSError):
+        return False
 
 
 def _labels_on(config: PipelineConfig, version: int) -> list[str]:
@@ -340,6 +367,9 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  blessed       False: {summary.blessing_failure}", file=out)
     else:
         print(f"  blessed       {summary.blessed}", file=out)
+    line = baseline_line(summary)
+    if line:
+        print(f"  baseline      {line}", file=out)
     if export is not None:
         from reports.model_reports import table_lines
 
@@ -351,9 +381,9 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
               "holds this model (an earlier run published it)", file=out)
     elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
-        if "stable" in summary.published_labels:
-            print("                (`mlops versions` lists it; it is labelled stable: it serves without a rollout)",
-                  file=out)
+        if "stable" in summary.published_labels or summary.published_serving:
+            why = "it is labelled stable" if "stable" in summary.published_labels else "it is the version served"
+            print(f"                (`mlops versions` lists it; {why}: it serves without a rollout)", file=out)
         else:
             print(f"                (`mlops versions` lists it; `mlops rollout start --version "
                   f"{summary.published_version}` moves traffic to it)", file=out)

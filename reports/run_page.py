@@ -383,6 +383,12 @@ def _evaluation(summary: dict[str, Any]) -> str:
 
 def _calibration(summary: dict[str, Any]) -> str:
     record = calibration_record(summary)
+    kind = (summary.get("task") or {}).get("kind", "binary")
+    if record is None and kind == "regression":
+        return "<p class='note'>A regression model serves a value: it has no probabilities to calibrate.</p>"
+    if record is None and kind == "multiclass":
+        return ("<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
+                "and its answer is the most probable class.</p>")
     if record is None:
         return (f"<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
                 f"and the decision threshold is {DEFAULT_THRESHOLD}.</p>")

@@ -14,11 +14,11 @@ from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 from pipeline import cli
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 from pipeline.init.bootstrap import (
+    SENTINEL_MIN_GAP,
+    SENTINEL_MIN_SHARE,
     _percent,
     blessing_bound,
     datetime_format,
-    SENTINEL_MIN_GAP,
-    SENTINEL_MIN_SHARE,
     find_sentinel,
     finish_schema,
     infer_label,

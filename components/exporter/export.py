@@ -290,12 +290,13 @@ def gate_message(result: ExportReport) -> str:
                  if row.check.config_key == "export.max_quantized_degradation"]
     if quantized:
         # Raising the tolerance would publish a variant this far off: the fix is to leave the variant out.
-        kept = [f"tflite/{v}" for v in ("float32", "dynamic", "float16", "int8") if v not in quantized]
+        kept = [row.artifact for row in result.artifacts if row.artifact.startswith("tflite/") and row.check.passed]
         message += (f" (the variant{'s' * (len(quantized) > 1)} {', '.join(quantized)} cannot hold this model "
                     f"within that tolerance: leave {'them' if len(quantized) > 1 else 'it'} out of "
                     f"export.tflite_variants; raising export.max_quantized_degradation would publish "
-                    f"{'them' if len(quantized) > 1 else 'it'} as far off; {', '.join(kept) or 'no variant'} "
-                    "would still be built)")
+                    f"{'them' if len(quantized) > 1 else 'it'} as far off; "
+                    + (f"{', '.join(kept)} would still be published)" if kept else
+                       "no TFLite variant would be left: then drop tflite from export.formats)"))
     return message
 
 

@@ -232,17 +232,19 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
         "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
         "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation) "
         "(the variant int8 cannot hold this model within that tolerance: leave it out of export.tflite_variants; "
-        "raising export.max_quantized_degradation would publish it as far off; tflite/float32, tflite/dynamic, "
-        "tflite/float16 would still be built)"
+        "raising export.max_quantized_degradation would publish it as far off; no TFLite variant would be left: then "
+        "drop tflite from export.formats)"
     )
     regression = dataclasses.replace(result, task=ExportTask(kind="regression", metric="rmse"), artifacts=(
         *result.artifacts[:2],
+        checked_row("tflite/float32", "max_abs_diff", 0.0, 5e-5, "export.max_abs_diff", True),
+        checked_row("tflite/dynamic", "rmse_degradation", 1.0, 20.0, "export.max_quantized_degradation", True),
         checked_row("tflite/float16", "rmse_degradation", 55000.0, 20.0, "export.max_quantized_degradation", False),
         checked_row("tflite/int8", "rmse_degradation", 30.0, 20.0, "export.max_quantized_degradation", False)))
     message = gate_message(regression)
     # The advice never points at the tolerance, which would publish the broken variants.
     assert "raise" not in message and "leave them out of export.tflite_variants" in message
-    assert message.endswith("tflite/float32, tflite/dynamic would still be built)")
+    assert message.endswith("tflite/float32, tflite/dynamic would still be published)")
 
 
 @pytest.mark.parametrize("offset, skipped", [(65504.0, False), (65536.0, True), (-180000.0, True)])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tfx
 
+from settings.csv_header import CsvHeader, CsvHeaderError, parse_header, read_header
 from settings.errors import UserError
 
 EMBEDDED_TAXI_DIR = Path(tfx.__file__).parent / "examples" / "chicago_taxi_pipeline" / "data" / "simple"
@@ -44,21 +45,24 @@ def check_csv_folder(folder: Path) -> list[Path]:
     header = None
     for path in files:
         try:
-            with open(path, newline="", encoding="utf-8") as f:
+            with open(path, newline="", encoding="utf-8-sig") as f:
                 reader = csv.reader(f)
                 first = next(reader, None)
                 if not first or not any(cell.strip() for cell in first):
                     raise DataError(f"CSV file {path} is empty; it needs a header row and data rows.")
+                first = parse_header(first, str(path))
                 rows = 0
                 for row in reader:
                     if not row:
                         continue
                     rows += 1
-                    if len(row) != len(first):
+                    if len(row) != first.fields:
                         raise DataError(
                             f"CSV file {path} line {reader.line_num} has {len(row)} fields but the header has "
-                            f"{len(first)}; fix or remove that row."
+                            f"{first.fields}; fix or remove that row."
                         )
+        except CsvHeaderError as e:
+            raise DataError(str(e)) from None
         except (UnicodeDecodeError, csv.Error) as e:
             raise DataError(f"CSV file {path} cannot be read as UTF-8 CSV ({e}); re-export it as UTF-8 CSV.") from e
         except OSError as e:
@@ -115,10 +119,17 @@ CHUNK_ROWS = 10_000
 ODD_VALUES_CAP = 50
 
 
+def read_csv_header(path: Path) -> CsvHeader:
+    """The header of a CSV file as settings.csv_header reads it (check_csv_folder has checked that it exists)."""
+    try:
+        return read_header(path)
+    except CsvHeaderError as e:
+        raise DataError(str(e)) from None
+
+
 def csv_header(path: Path) -> list[str]:
-    """The header row of a CSV file (check_csv_folder has checked that it exists)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return next(csv.reader(f))
+    """The column names of a CSV file: its header's cells unquoted and trimmed, a leading row index left out."""
+    return list(read_csv_header(path).names)
 
 
 def cell_type(cell: str) -> str:
@@ -177,11 +188,12 @@ def profile_columns(files: list[Path], markers: Collection[str] = (), columns: C
     """Reads every row of the CSV files (which share a header) and profiles `columns` (all when None); cells that
     equal a marker (surrounding blanks ignored) are counted as markers, not values."""
     marker_set = {m.strip() for m in markers if m.strip()}
-    header = csv_header(files[0])
-    wanted = [(i, name) for i, name in enumerate(header) if columns is None or name in columns]
+    header = read_csv_header(files[0])
+    # Positions in each row: a row index before the named columns shifts them by one.
+    wanted = [(i + header.row_index, name) for i, name in enumerate(header.names) if columns is None or name in columns]
     profiles = {name: ColumnProfile(name) for _, name in wanted}
     for path in files:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             next(reader)
             while True:

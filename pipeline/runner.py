@@ -103,6 +103,43 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     DataValidationError (schema anomalies) or PipelineError.
     """
     out = out or sys.stdout  # looked up per call: a default bound at import misses a redirected stdout
+    # Where the run stands, for the report of a run that fails: the stage and the log once they exist.
+    state: dict[str, object] = {"stage": "checking the data and the config", "log_path": "", "tfx": False}
+    try:
+        return _run_local(config, out, data_only, state)
+    except Exception as error:
+        failure_report(config, error, state, out)
+        raise
+
+
+def failure_report(config: PipelineConfig, error: Exception, state: dict[str, object], out: TextIO) -> str:
+    """Writes the run report of a failed run (what failed, where, and what to do: the error's own sentence), with
+    what the stages that ran recorded; returns its path (empty when even the report cannot be written)."""
+    summary = None
+    if state["tfx"]:
+        try:
+            with _logs_to_file(str(state["log_path"])):
+                summary = latest_run(os.path.abspath(config.metadata_path), config.name)
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report; this only adds to it
+            summary = None
+    if summary is None:
+        summary = RunSummary(run_id=time.strftime("%Y-%m-%dT%H:%M:%S") + "-failed")
+    summary.task.setdefault("kind", config.label.kind)
+    summary.failed_stage = str(state["stage"])
+    summary.failure = str(error)
+    if isinstance(error, UserError):
+        summary.failure = f"{getattr(error, 'prefix', 'error')}: {error}"
+    summary.log_path = str(state["log_path"])
+    summary.total_seconds = round(time.monotonic() - STARTED, 2)
+    try:
+        _, html_path = write_report(summary, run_report_dir(config, summary.run_id))
+    except OSError:
+        return ""
+    print(f"report of the failed run: {html_path}", file=out, flush=True)
+    return html_path
+
+
+def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict[str, object]) -> RunSummary:
     from components.gates.anomalies import DataValidationError
 
     files = None
@@ -119,6 +156,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
     log_dir = os.path.join(config.output_root, "logs")
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.abspath(os.path.join(log_dir, f"{config.name}-{stamp}.log"))
+    state.update(log_path=log_path, stage="building the pipeline")
     print(f"pipeline '{config.name}': {source}", file=out)
     print(f"outputs under {os.path.abspath(config.output_root)}; full log {log_path}", file=out, flush=True)
 
@@ -137,12 +175,14 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
             tfx_pipeline = create_pipeline(config, data_only=data_only)
             stages = [node.id for node in tfx_pipeline.components]
             progress = StageProgress(stages, out, os.path.abspath(config.metadata_path), config.name)
+            state["tfx"] = True
             with progress.track():
                 ConcurrentDagRunner(workers, gates=frozenset({GATE_NODE})).run(tfx_pipeline)
     except Exception as error:
         if progress is None:
             raise PipelineError(f"the pipeline could not be built: {error}; see the full log at {log_path}") from error
         progress.failed()
+        state["stage"] = progress.current or "the pipeline"
         gate = _find_cause(error, DataValidationError)
         if gate is not None:
             raise gate from None
@@ -153,6 +193,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
                 verdict = evaluator_verdict(config)
         raise PipelineError(f"{stage} failed: {error}{verdict}; see the full log at {log_path}") from error
 
+    state["stage"] = "reading the run back"
     # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.
     with _logs_to_file(log_path):
         summary = latest_run(os.path.abspath(config.metadata_path), config.name, config.features, config.model_name)
@@ -169,6 +210,7 @@ def run_local(config: PipelineConfig, out: TextIO | None = None, data_only: bool
             summary.published_new = False
         if summary.published_version is not None:
             summary.published_labels = _labels_on(config, summary.published_version)
+            summary.published_serving = _serving(config, summary.published_version)
         json_path, html_path = write_report(summary, report_dir)
     if data_only:
         print(f"\ndata stages done in {summary.elapsed_seconds:.1f}s; report {html_path}", file=out, flush=True)
@@ -202,6 +244,32 @@ def blessing_failure(summary: RunSummary, config: PipelineConfig) -> str:
     label_std = label.get("std") if config.label.kind == "regression" else None
     return not_blessed_message(summary.baseline.get("failed_thresholds") or [], config, summary.metrics,
                                summary.baseline.get("metrics") or {}, label_std)
+
+
+def baseline_line(summary: RunSummary) -> str:
+    """The comparison with the baseline model that took part in the blessing, for the console: the task metric of
+    both and the change; empty when the Evaluator did not run."""
+    if not summary.metrics or summary.blessed is None:
+        return ""
+    base = summary.baseline.get("metrics") or {}
+    metric = summary.task.get("metric") or next((n for n in ("auc", "macro_auc", "rmse") if n in summary.metrics), "")
+    if not base or metric not in base or metric not in summary.metrics:
+        return "none to compare with (the first blessed model, or evaluation.baseline none): the bounds alone decided"
+    cached = " (the cached Evaluator's comparison, from the run that evaluated this model)" \
+        if "Evaluator" in summary.cached_stages else ""
+    return (f"{metric} {base[metric]:.4f}, this model {summary.metrics[metric]:.4f}, change "
+            f"{summary.metrics[metric] - base[metric]:+.4f}{cached}")
+
+
+def _serving(config: PipelineConfig, version: int) -> bool:
+    """Whether the model repository's config serves `version` (False when it cannot be read)."""
+    from serving.repository.base import RepositoryError
+    from serving.repository.factory import open_repository
+
+    try:
+        return version in open_repository(config.serving_base_dir).served_versions(config.model_name)
+    except (RepositoryError, OSError):
+        return False
 
 
 def _labels_on(config: PipelineConfig, version: int) -> list[str]:
@@ -299,6 +367,9 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  blessed       False: {summary.blessing_failure}", file=out)
     else:
         print(f"  blessed       {summary.blessed}", file=out)
+    line = baseline_line(summary)
+    if line:
+        print(f"  baseline      {line}", file=out)
     if export is not None:
         from reports.model_reports import table_lines
 
@@ -310,9 +381,9 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
               "holds this model (an earlier run published it)", file=out)
     elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
-        if "stable" in summary.published_labels:
-            print("                (`mlops versions` lists it; it is labelled stable: it serves without a rollout)",
-                  file=out)
+        if "stable" in summary.published_labels or summary.published_serving:
+            why = "it is labelled stable" if "stable" in summary.published_labels else "it is the version served"
+            print(f"                (`mlops versions` lists it; {why}: it serves without a rollout)", file=out)
         else:
             print(f"                (`mlops versions` lists it; `mlops rollout start --version "
                   f"{summary.published_version}` moves traffic to it)", file=out)

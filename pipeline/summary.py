@@ -45,7 +45,12 @@ class RunSummary:
     published_new: bool = False
     # The repository's labels on the published version, read back after the run (e.g. stable on a first version).
     published_labels: list[str] = field(default_factory=list)
+    # Whether the repository's config serves the published version (its first version serves from the start).
+    published_serving: bool = False
     log_path: str = ""
+    # A failed run: the stage it stopped in, and the error's sentence (what failed and what to do).
+    failed_stage: str = ""
+    failure: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's object: every field as plain JSON, a report that did not run as {}."""

@@ -32,6 +32,7 @@ def table_lines(result: ExportReport) -> list[str]:
             f"{row.latency_ms_p50:>9.3f}  {check.figure} {check.value:.2e} <= {check.threshold:g} "
             f"{verdict}"
         )
+    lines += [f"{name:<16}{reason}" for name, reason in result.skipped.items()]
     return lines
 
 
@@ -77,6 +78,8 @@ def table_html(result: ExportReport) -> str:
             f"<td>{row.latency_ms_p50:.3f}</td><td>{check.figure} {check.value:.2e} &le; "
             f"{check.threshold:g} ({check.config_key}): {'passed' if check.passed else 'FAILED'}</td></tr>"
         )
+    body += [f"<tr><td>{html.escape(name)}</td><td colspan='{len(names) + 4}'>{html.escape(reason)}</td></tr>"
+             for name, reason in result.skipped.items()]
     return f"<table class='export'>{head}{''.join(body)}</table>"
 
 

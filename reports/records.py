@@ -207,6 +207,8 @@ class ExportReport:
     calibration: CalibrationRecord | None = None
     request: RequestEncoding | None = None
     seconds: float | None = None
+    # Variants not built because they cannot hold the model's values: artifact name -> why.
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -232,6 +234,8 @@ class ExportReport:
                     request=self.request.to_dict() if self.request else {})
         if self.seconds is not None:
             data["seconds"] = self.seconds
+        if self.skipped:
+            data["skipped"] = dict(self.skipped)
         return data
 
     @classmethod
@@ -254,6 +258,7 @@ class ExportReport:
             calibration=_optional(data.get("calibration"), lambda v: CalibrationRecord.from_dict(_mapping(v))),
             request=_optional(data.get("request"), lambda v: RequestEncoding.from_dict(_mapping(v))),
             seconds=None if data.get("seconds") is None else float(data["seconds"]),
+            skipped={str(k): str(v) for k, v in _mapping(data.get("skipped") or {}).items()},
         )
 
 

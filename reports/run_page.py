@@ -383,6 +383,12 @@ def _evaluation(summary: dict[str, Any]) -> str:
 
 def _calibration(summary: dict[str, Any]) -> str:
     record = calibration_record(summary)
+    kind = (summary.get("task") or {}).get("kind", "binary")
+    if record is None and kind == "regression":
+        return "<p class='note'>A regression model serves a value: it has no probabilities to calibrate.</p>"
+    if record is None and kind == "multiclass":
+        return ("<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
+                "and its answer is the most probable class.</p>")
     if record is None:
         return (f"<p class='note'>No calibration step ran for this model: its probabilities are served as trained "
                 f"and the decision threshold is {DEFAULT_THRESHOLD}.</p>")
@@ -473,14 +479,27 @@ def _header(summary: dict[str, Any]) -> str:
     facts = [f"{esc(kind)} task", f"{summary.get('elapsed_seconds', 0):.1f}s"]
     if metric in metrics:
         facts.append(f"{esc(metric)} {metrics[metric]:.4f} on {metrics.get('example_count', 0):,.0f} eval rows")
-    facts.append({True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
-                  None: "not judged"}[summary.get("blessed")])
+    if summary.get("failure"):
+        facts.append(f"<span class='bad'>failed in {esc(summary.get('failed_stage') or 'the run')}</span>")
+    else:
+        facts.append({True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
+                      None: "not judged"}[summary.get("blessed")])
     if summary.get("published_version") is not None:
         facts.append(f"published as version {esc(summary['published_version'])}")
     nav = "".join(f"<a href='#{s}'>{esc(TITLES[s])}</a>" for s in SECTIONS)
     log = f" &middot; log: <code>{esc(summary['log_path'])}</code>" if summary.get("log_path") else ""
     return (f"<p><a href='../index.html'>all runs</a>{log}</p><h1>Run {esc(summary.get('run_id', ''))}</h1>"
-            f"<p>{' &middot; '.join(facts)}</p><nav>{nav}</nav>")
+            f"<p>{' &middot; '.join(facts)}</p>{_failure(summary)}<nav>{nav}</nav>")
+
+
+def _failure(summary: dict[str, Any]) -> str:
+    """What failed, where and what to do (the error's own sentence), at the top of a failed run's report."""
+    if not summary.get("failure"):
+        return ""
+    log = f" The full log: <code>{esc(summary['log_path'])}</code>." if summary.get("log_path") else ""
+    return (f"<section id='failure'><h2>The run failed in {esc(summary.get('failed_stage') or 'the run')}</h2>"
+            f"<p class='bad'>{esc(summary['failure'])}</p><p>The sections below show what the stages before it "
+            f"recorded.{log}</p></section>")
 
 
 def run_page(summary: dict[str, Any]) -> str:
@@ -506,6 +525,8 @@ def index_page(summaries: list[tuple[str, dict[str, Any]]]) -> str:
             esc((summary.get("task") or {}).get("kind", "")),
             f"{esc(metric)} {metrics[metric]:.4f}" if metric in metrics else "",
             whole(metrics.get("example_count")),
+            f"<span class='bad'>failed in {esc(summary.get('failed_stage') or 'the run')}</span>"
+            if summary.get("failure") else
             {True: "<span class='good'>yes</span>", False: "<span class='bad'>no</span>", None: "not judged"}[
                 summary.get("blessed")],
             esc(summary.get("published_version") if summary.get("published_version") is not None else ""),

@@ -24,6 +24,7 @@ from serving import (
     ServingLimits,
 )
 from settings import arguments
+from settings.csv_header import parse_header
 
 if TYPE_CHECKING:
     from settings.config import RequestLogConfig
@@ -310,17 +311,20 @@ def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[li
     if not path.is_file():
         raise ValueError(f"CSV file {path} does not exist.")
     rows, lines = [], []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        _ = reader.fieldnames  # reads the header, so that line_num counts it
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = parse_header(next(reader, []), str(path))
         started = reader.line_num + 1
-        for row in reader:
-            if None in row:  # DictReader files the fields beyond the header under None
-                raise ValueError(
-                    f"CSV file {path} line {reader.line_num} has {len(reader.fieldnames) + len(row[None])} fields "
-                    f"but the header names {len(reader.fieldnames)}; fix that row or the header."
-                )
-            rows.append(row)
+        for cells in reader:
+            if not cells:
+                started = reader.line_num + 1
+                continue
+            if len(cells) > header.fields:
+                raise ValueError(f"CSV file {path} line {reader.line_num} has {len(cells)} fields but the header "
+                                 f"names {header.fields}; fix that row or the header.")
+            # A short row's last columns are empty, as csv.DictReader reads them.
+            values = header.cells(cells) + [""] * (header.fields - len(cells))
+            rows.append(dict(zip(header.names, values, strict=False)))
             # A quoted cell can span lines: the row starts where the previous one ended.
             lines.append(started)
             started = reader.line_num + 1

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from settings.csv_header import FEATURE_NAME, feature_name
 from settings.errors import UserError
 from settings.tasks import TASK_METRICS, TaskKind, task_metric
 
@@ -40,13 +41,9 @@ EPOCH_FORMAT = "%s"
 DATETIME_ID_PARTS = {"month": 12, "day_of_week": 7, "hour": 24}
 
 
-# What a SavedModel signature and a Keras layer accept as a name: a feature column is both once it is served.
-FEATURE_NAME = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.-]*")
-
-
 def usable_name(name: str) -> str:
-    """`name` as a served feature can be named, for a message to propose."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower() or "feature"
+    """The feature a CSV column named `name` becomes, for a message to propose."""
+    return feature_name(name) if name else "feature"
 
 
 def datetime_fields(fmt: str, key: str = "data.datetime_features") -> list[str]:
@@ -903,9 +900,9 @@ def _validate(config: PipelineConfig) -> None:
             seen[name] = group
     for name in config.features:
         if not FEATURE_NAME.fullmatch(name):
-            raise ConfigError(f"feature '{name}' cannot name a model input (a SavedModel signature takes letters, "
-                              "digits, _, . and - only, not first _ or -); rename the column in the CSV header, for "
-                              f"example to '{usable_name(name)}'.")
+            raise ConfigError(f"feature '{name}' cannot name a model input (every export format takes lower-case "
+                              "letters, digits and _ only, a letter first); a CSV column named so is read as the "
+                              f"feature '{usable_name(name)}': list it under that name.")
     for column, fmt in config.data.datetime_features.items():
         for part in datetime_parts(datetime_fields(fmt, f"data.datetime_features.{column}")):
             if f"{column}_{part}" in seen:

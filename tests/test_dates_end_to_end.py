@@ -1,6 +1,7 @@
 """A CSV with date and timestamp columns, end to end with no hand edits: `mlops init` recognises a timestamp text, a
 day-first date and whole seconds since 1970, `mlops run` derives their year, month, day of week and hour inside the
-Transform graph, every exported format agrees with the SavedModel, and the published version takes the raw text."""
+Transform graph, every exported format agrees with the SavedModel, and the published version takes the raw text.
+The header is quoted as R writes it, and one name ('Distance (km)') is read as the feature every format can name."""
 import csv
 import datetime
 import json
@@ -28,8 +29,10 @@ def write_rides(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     start = datetime.datetime(2023, 1, 1, tzinfo=datetime.timezone.utc)
     with open(folder / "rides.csv", "w", newline="") as f:
+        # The header as R's write.csv writes it (every name quoted), with a name no model input can carry as is.
+        csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_ALL).writerow(
+            ["started", "returned_on", "created_at", "Distance (km)", "busy"])
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["started", "returned_on", "created_at", "distance", "busy"])
         for i in range(ROWS):
             moment = start + datetime.timedelta(minutes=rng.randrange(2 * 365 * 24 * 60))
             busy = "yes" if moment.weekday() >= 5 or moment.hour >= 17 else "no"
@@ -55,7 +58,7 @@ def test_init_recognises_each_date_and_timestamp_format(project, capsys):
     config, _, _ = project
     assert config.data.datetime_features == {"started": "%Y-%m-%dT%H:%M:%S", "returned_on": "%d/%m/%Y",
                                              "created_at": "%s"}
-    assert config.data.numeric_features == ["distance"]
+    assert config.data.numeric_features == ["distance_km"], "the column 'Distance (km)' is the feature distance_km"
     written = Path(config.schema_path).with_name("rides.yaml").read_text()
     assert "started: '%Y-%m-%dT%H:%M:%S'   # strings, " in written
     assert "returned_on: '%d/%m/%Y'   # strings, " in written and "1 cell holds no date and is read as missing" \
@@ -89,13 +92,13 @@ def test_the_published_version_takes_the_raw_text_over_rest_and_grpc(project, ca
     with open(data / "rides.csv", newline="") as f:
         rows = list(csv.DictReader(f))[:40]
     requests = [{"started": "" if r["started"] == "NA" else r["started"], "returned_on": r["returned_on"],
-                 "created_at": int(r["created_at"]), "distance": float("nan") if r["distance"] == "NA"
-                 else float(r["distance"])} for r in rows]
+                 "created_at": int(r["created_at"]), "distance_km": float("nan") if r["Distance (km)"] == "NA"
+                 else float(r["Distance (km)"])} for r in rows]
     saved_model = tf.saved_model.load(summary.pushed_path).signatures["serving_default"]
     expected = saved_model(started=tf.constant([r["started"] for r in requests]),
                            returned_on=tf.constant([r["returned_on"] for r in requests]),
                            created_at=tf.constant([r["created_at"] for r in requests], tf.int64),
-                           distance=tf.constant([r["distance"] for r in requests], tf.float32))["probabilities"]
+                           distance_km=tf.constant([r["distance_km"] for r in requests], tf.float32))["probabilities"]
     repository = ModelRepository(config.serving_base_dir)
     server = ModelServer(config_path=repository.config_path, rest_port=0, grpc_port=0, poll_seconds=0)
     assert server.start() == []

@@ -253,6 +253,13 @@ def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
     # Transform runs beside the validation (pipeline/local/dag_runner.py) and is abandoned; nothing learns from the
     # data.
     assert not Path(config.pipeline_root, "Trainer").exists(), "nothing downstream of the gate may run"
+    # The failed run's report says where it stopped and why, with what the stages before the gate recorded.
+    (report,) = (output_root / "runs").glob("*/summary.json")
+    summary = json.loads(report.read_text())
+    assert summary["failed_stage"] == "DataValidationGate"
+    assert summary["failure"].startswith("stopped by the data-validation gate: ") and "payment_type" in \
+        summary["failure"]
+    assert summary["data"], "the statistics of the run that failed are in its report"
 
 
 @pytest.mark.parametrize("drop, fare_word, message", [
@@ -269,7 +276,8 @@ def test_a_word_in_a_numeric_column_or_a_missing_feature_stops_before_any_stage(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: " + message.format(schema=config.schema_path, data=tmp_path / "bad"))
     assert "\n" not in err
-    assert not output_root.exists(), "nothing may be written, least of all below the serving folder"
+    written = {p.relative_to(output_root).parts[0] for p in output_root.rglob("*") if p.is_file()}
+    assert written == {"runs"}, "nothing may be written but the report of the failed run"
 
 
 def test_missing_data_folder_is_one_clear_sentence(tmp_path, capsys):

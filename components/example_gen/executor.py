@@ -32,13 +32,14 @@ from tfx.components.example_gen.csv_example_gen.executor import _ParsedCsvToTfEx
 from tfx.dsl.io import fileio
 from tfx.proto import example_gen_pb2
 from tfx.types import standard_component_specs
-from tfx.utils import io_utils, proto_utils
+from tfx.utils import proto_utils
 from tfx_bsl.coders import csv_decoder
 
 from components import artifacts
 from components.label_rule import first_value, label_class
 from components.specs import LABEL_COLUMN_KEY, MISSING_VALUES_KEY, STRATIFY_LABEL_KEY
 from settings.config import LabelConfig
+from settings.csv_header import CsvHeader, header_of_line
 
 # The label fields ExampleGen needs to put a row in its class (settings.config.LabelConfig's names).
 STRATIFY_LABEL_FIELDS = ("kind", "column", "threshold", "relative_to", "positive_value")
@@ -156,6 +157,13 @@ class StratifiedSplit(beam.PTransform):
                      for index, part in enumerate(parts))
 
 
+def read_file_header(path: str) -> CsvHeader:
+    """The header of a CSV file as `mlops init` and `mlops predict` read it (TFX's own reader splits the first line
+    at commas, so R's quoted names would keep their quotes)."""
+    with fileio.open(path, "rb") as f:
+        return header_of_line(f.readline(), path)
+
+
 def blank_markers(cells: list[bytes], markers: frozenset[bytes]) -> list[bytes]:
     """The parsed cells of one CSV line with every marker (surrounding blanks ignored) replaced by an empty cell."""
     return [b"" if cell.strip() in markers else cell for cell in cells]
@@ -176,15 +184,18 @@ class _CsvToExample(beam.PTransform):
         csv_files = fileio.glob(self._csv_pattern)
         if not csv_files:
             raise RuntimeError(f"Split pattern {self._csv_pattern} does not match any files.")
-        column_names = io_utils.load_csv_column_names(csv_files[0])
+        header = read_file_header(csv_files[0])
         for csv_file in csv_files[1:]:
-            if io_utils.load_csv_column_names(csv_file) != column_names:
+            if read_file_header(csv_file) != header:
                 raise RuntimeError(f"Files in same split {self._csv_pattern} have different header.")
+        column_names = list(header.names)
         parsed = (pipeline
                   | "CreateFilenames" >> beam.Create(csv_files)
                   | "ReadFromText" >> beam.ParDo(_ReadCsvRecordsFromTextFile())
                   | "ParseCSVLine" >> beam.ParDo(csv_decoder.ParseCSVLine(delimiter=","))
                   | "ExtractParsedCSVLines" >> beam.Keys())
+        if header.row_index:
+            parsed = parsed | "DropRowIndex" >> beam.Map(header.cells)
         if self._markers:
             parsed = parsed | "BlankMissingValueMarkers" >> beam.Map(blank_markers, self._markers)
         column_infos = beam.pvalue.AsSingleton(

@@ -59,6 +59,8 @@ class Executor(base_executor.BaseExecutor):
             read_section(exec_properties, EVALUATION_KEY, EvaluationConfig).metric,
             artifacts.read_calibration_record(model_uri),
             RequestEncoding(tuple(layout.data.missing_values), tuple(layout.label_columns)),
+            # Beside the output artifact's folder, which TFX removes when the component fails.
+            failure_dir=output_uri.rstrip("/") + "-failed-export",
         )
         for line in table_lines(result):
             logging.info("%s", line)

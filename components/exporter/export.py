@@ -47,7 +47,7 @@ from reports.records import (
     OptimizationReport,
     RequestEncoding,
 )
-from settings.config import ExportConfig, tolerance_note
+from settings.config import ExportConfig
 from settings.tasks import task_metric
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite/float32", "onnx", "tfjs")
@@ -90,6 +90,28 @@ def _representative(spec: dict[str, Any], columns: dict[str, np.ndarray]) -> Ite
     features = preprocess(spec, columns)
     for i in range(len(next(iter(features.values())))):
         yield {name: values[i : i + 1] for name, values in features.items()}
+
+
+# The largest finite float16: a weight beyond it is stored as infinity in the float16 variant.
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def unrepresentable_variants(model: tf.keras.Model, variants: list[str]) -> dict[str, str]:
+    """The TFLite variants that cannot hold this model's values, each with the reason: float16 when a weight (a
+    regression's label scale or offset, for a label in the tens of thousands) lies beyond float16's range."""
+    skipped = {}
+    if "float16" not in variants:
+        return skipped
+    values = [(float(np.max(np.abs(w.numpy()))), f"weight {w.name}") for w in model.weights
+              if w.shape.num_elements()]
+    # A Rescaling layer's scale and offset are graph constants, not weights; the converter stores them as float16 too.
+    values += [(float(np.max(np.abs(getattr(layer, attr)))), f"{layer.name}.{attr}") for layer in model.layers
+               if isinstance(layer, tf.keras.layers.Rescaling) for attr in ("scale", "offset")]
+    largest, name = max(values, default=(0.0, ""))
+    if largest > FLOAT16_MAX:
+        skipped["tflite/float16"] = (f"not built: the {name} is {largest:,.6g}, beyond float16's largest value "
+                                     f"{FLOAT16_MAX:,.0f}, so the variant would hold infinity there")
+    return skipped
 
 
 def export_formats(
@@ -138,7 +160,10 @@ def _export_tflite_and_onnx(
         folder.mkdir(parents=True, exist_ok=True)
         convert.ship_preprocessing(spec_path, str(folder), "python")
         converter = convert.tflite_converter(core_dir)
-        for variant in variants:
+        skipped = unrepresentable_variants(module.model, variants)
+        for name, reason in skipped.items():
+            logging.warning("TFLite %s %s", name, reason)
+        for variant in (v for v in variants if f"tflite/{v}" not in skipped):
             started = time.perf_counter()
             path = folder / f"model_{variant}.tflite"
             calibration = (lambda: _representative(spec, representative)) if representative is not None else None
@@ -261,10 +286,17 @@ def gate_message(result: ExportReport) -> str:
                         f"{check.threshold:g} ({check.config_key})")
         keys.add(check.config_key)
     message = "; ".join(failures)
-    if "export.max_quantized_degradation" in keys:
-        # The report's task carries no label spread, so a regression's note names none.
-        message += (" (" + tolerance_note("export.max_quantized_degradation", result.kind,
-                                          (result.task.metric if result.task else "") or "auto") + ")")
+    quantized = [row.artifact.split("/")[1] for row in result.failed
+                 if row.check.config_key == "export.max_quantized_degradation"]
+    if quantized:
+        # Raising the tolerance would publish a variant this far off: the fix is to leave the variant out.
+        kept = [row.artifact for row in result.artifacts if row.artifact.startswith("tflite/") and row.check.passed]
+        message += (f" (the variant{'s' * (len(quantized) > 1)} {', '.join(quantized)} cannot hold this model "
+                    f"within that tolerance: leave {'them' if len(quantized) > 1 else 'it'} out of "
+                    f"export.tflite_variants; raising export.max_quantized_degradation would publish "
+                    f"{'them' if len(quantized) > 1 else 'it'} as far off; "
+                    + (f"{', '.join(kept)} would still be published)" if kept else
+                       "no TFLite variant would be left: then drop tflite from export.formats)"))
     return message
 
 
@@ -279,23 +311,30 @@ def export_and_verify(
     metric: str = "auto",
     calibration: CalibrationRecord | None = None,
     request: RequestEncoding | None = None,
+    failure_dir: str = "",
 ) -> ExportReport:
     """The Exporter's work: every format under `output_dir` (any file system), verified, with the export report
     beside them. The task is the one `spec` records; `metric` (evaluation.metric) judges quantized variants;
     `optimization` (the Optimizer's report), `calibration` (the model's calibration record, with its decision
     threshold) and `request` (how the training CSV encodes a row: its missing-value markers and label columns, for
     `mlops predict --csv`) go into the report as they are.
-    Raises ExportGateError, naming each format that missed its threshold, after writing the report."""
+    Raises ExportGateError, naming each format that missed its threshold, after writing the report (also to
+    `failure_dir`, a folder that outlives the failed component's outputs, when given)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
+        skipped = unrepresentable_variants(model, options.tflite_variants) if "tflite" in options.formats else {}
         result = dataclasses.replace(
             verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric),
-            optimization=optimization, calibration=calibration, request=request,
+            optimization=optimization, calibration=calibration, request=request, skipped=skipped,
             seconds=round(time.perf_counter() - started, 1))
         report.write(result, staging)
         artifacts.copy_tree(staging, output_dir)
+        if not result.passed and failure_dir:
+            # TFX removes a failed component's output folder: the report the message cites must live elsewhere.
+            report.write(result, failure_dir)
     if not result.passed:
+        cited = failure_dir or output_dir
         raise ExportGateError(f"export verification failed, nothing is pushed: {gate_message(result)}. "
-                              f"Report: {artifacts.join(output_dir, artifacts.EXPORT_REPORT_JSON)}")
+                              f"Report: {artifacts.join(cited, artifacts.EXPORT_REPORT_HTML)}")
     return result

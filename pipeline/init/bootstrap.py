@@ -29,13 +29,12 @@ from pipeline.data import (
     DataError,
     cell_type,
     check_csv_folder,
-    csv_header,
     profile_columns,
+    read_csv_header,
 )
 from reports.statistics_page import statistics_html
 from settings.config import (
     EPOCH_FORMAT,
-    FEATURE_NAME,
     MONITORING_THRESHOLDS,
     REGRESSION_TOLERANCE_SHARE,
     TOLERANCE_KEYS,
@@ -48,7 +47,6 @@ from settings.config import (
     PipelineConfig,
     feature_kind,
     load_config,
-    usable_name,
 )
 from settings.tasks import no_skill_bound
 
@@ -73,6 +71,11 @@ POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
 MOSTLY_NUMERIC_SHARE = 0.8
 JUNK_MAX_VALUES = 5
+# A number is a sentinel (a missing-value code such as -999) when it fills at least this share of a numeric
+# column's filled cells ...
+SENTINEL_MIN_SHARE = 0.05
+# ... and lies beyond the column's other values by at least this many times their range (min to max).
+SENTINEL_MIN_GAP = 0.5
 # Date layouts init recognises: the regular expression of the date, the order of its fields and its separator
 # (day.month.year is day first; d/m/y against m/d/y is told apart by a field above 12).
 DATE_LAYOUTS = (
@@ -188,6 +191,52 @@ def propose_junk_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str],
         new = [v for v, _ in junk.most_common() if v not in proposed]
         proposed += new
         notes.append(f"{head}: proposed as missing-value marker{'s' * (len(junk) > 1)}, so the column stays numeric")
+    return proposed, notes
+
+
+def find_sentinel(profile: ColumnProfile) -> tuple[str, int, float, float] | None:
+    """The most frequent number of an all-numeric column that lies far outside its other values (SENTINEL_MIN_GAP
+    times their range) in many rows (SENTINEL_MIN_SHARE of the filled cells): (the cell, its count, the other
+    values' lowest and highest), or None."""
+    if profile.types["string"] or not profile.values:
+        return None
+    filled = profile.types["int"] + profile.types["float"]
+    for cell, count in profile.values.most_common():
+        if count < SENTINEL_MIN_SHARE * filled:
+            return None
+        others = [float(v) for v in profile.values if v != cell]
+        if len(others) < 2:
+            continue
+        low, high = min(others), max(others)
+        value, spread = float(cell), max(others) - min(others)
+        if spread > 0 and max(low - value, value - high) >= SENTINEL_MIN_GAP * spread:
+            return cell, count, low, high
+    return None
+
+
+def propose_sentinel_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str], list[str]]:
+    """The sentinels of numeric columns (find_sentinel), proposed as missing-value markers unless the same text is
+    an ordinary value of another column (a marker applies to every column), and a note per sentinel found."""
+    proposed: list[str] = []
+    notes = []
+    for profile in profiles.values():
+        found = find_sentinel(profile)
+        if found is None:
+            continue
+        cell, count, low, high = found
+        filled = profile.types["int"] + profile.types["float"]
+        head = (f"column {profile.name!r} holds {cell!r} in {_cells(count)} of {filled:,} filled "
+                f"({_percent(count / filled)}), far outside its other values ({low:g} to {high:g})")
+        used = sorted(other.name for other in profiles.values()
+                      if other is not profile and cell in other.values and (find_sentinel(other) or ("",))[0] != cell)
+        if used:
+            notes.append(f"{head}: a code for missing? not proposed, as it is a value of {', '.join(used)} too; "
+                         "clean the column if it means missing there")
+            continue
+        if cell not in proposed:
+            proposed.append(cell)
+        notes.append(f"{head}: proposed as a missing-value marker, so that it is filled as a gap, not learned as a "
+                     "value (remove it from data.missing_values if it is a real value)")
     return proposed, notes
 
 
@@ -357,11 +406,6 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
     for column in header:
         if column == label:
             continue
-        if not FEATURE_NAME.fullmatch(column):
-            placements.append(Placement(column, None, "no model input can have this name (letters, digits, _, . and "
-                                                      f"- only): rename the column, e.g. to {usable_name(column)!r}, "
-                                                      "to use it"))
-            continue
         profile = profiles[column]
         values = _values(profile, markers)
         schema_type = types.get(column, schema_pb2.TYPE_UNKNOWN)
@@ -422,6 +466,10 @@ def finish_schema(schema: schema_pb2.Schema, label: str, dates: list[str] | None
     for feature in finished.feature:
         if feature.name == label and "SERVING" not in feature.not_in_environment:
             feature.not_in_environment.append("SERVING")
+        elif feature.name != label:
+            # Without a shape a feature is optional in the model's signature: a request's gap is filled as Transform
+            # fills a training gap, where a required one would read the client's missing value (-1) as a value.
+            feature.ClearField("shape")
     return finished
 
 
@@ -431,7 +479,8 @@ def schema_text(schema: schema_pb2.Schema, data_dir: Path, command: str) -> str:
               "# (data.missing_values as empty cells). The data-validation gate checks every run against it. Review:",
               "# - type: INT, FLOAT or BYTES (a string) per column;",
               "# - presence: min_fraction 1.0 means every row has the column (an empty cell counts as present);",
-              "#   a shape (dim size 1) means every row has a value, so a future gap there is an anomaly;",
+              "#   only the label has a shape (a value in every row); a feature has none: a request may lack it, and",
+              "#   the model fills that gap as Transform filled the training ones;",
               "# - string_domain: a closed list of values; a value outside it is an anomaly (delete the domain and",
               "#   the feature's `domain:` line to allow any value);",
               "# - the label column is absent in the SERVING environment: requests do not carry it."]
@@ -679,7 +728,10 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     if folder.is_file():
         raise DataError(f"--data {folder} is a file; pass the folder that holds the CSV files ({folder.parent}).")
     files = check_csv_folder(folder)
-    header = csv_header(files[0])
+    read_header = read_csv_header(files[0])
+    header = list(read_header.names)
+    # The label may be given by the header's own name or by the feature's.
+    label = dict(zip(read_header.columns, read_header.names, strict=True)).get(label, label)
     if label not in header:
         raise DataError(f"--label {label!r} is not a column of the CSV files in {folder}; choose one of "
                         f"{', '.join(header)}.")
@@ -698,6 +750,12 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     profiles = profile_columns(files, COMMON_MISSING_MARKERS)
     rows = next(iter(profiles.values())).rows
     print(f"reading {len(files)} CSV file(s) from {folder.resolve()}: {rows:,} rows, {len(header)} columns", file=out)
+    if read_header.row_index:
+        print("  the header's first column has no name: read as a row index (as R and pandas write one) and left out",
+              file=out)
+    for column, feature in read_header.renamed():
+        print(f"  column {column!r} is the feature {feature!r} in the config, the model and its requests (every "
+              "export format takes lower-case letters, digits and _)", file=out)
     markers, marker_notes = propose_markers(profiles)
     for note in marker_notes:
         print(f"  missing-value marker {note}", file=out)
@@ -705,7 +763,11 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     for note in junk_notes:
         print(f"  {note}", file=out)
     read_as_markers(profiles, junk)
-    markers, marker_notes = markers + junk, marker_notes + junk_notes
+    sentinels, sentinel_notes = propose_sentinel_markers(profiles)
+    for note in sentinel_notes:
+        print(f"  {note}", file=out)
+    read_as_markers(profiles, sentinels)
+    markers, marker_notes = markers + junk + sentinels, marker_notes + junk_notes + sentinel_notes
     print(f"  data.missing_values: [{', '.join(_scalar(m) for m in markers)}]", file=out, flush=True)
 
     # The task as the profile types the label (ExampleGen's own inference): init splits the rows as the run of its

@@ -26,6 +26,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from settings.errors import UserError
+from settings.files import EXPORT_REPORT_HTML, EXPORT_REPORT_JSON
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -38,6 +39,8 @@ TRACK_CONFIG_FILES = {"stable": CONFIG_FILE_NAME, "canary": CANARY_CONFIG_FILE_N
 # Written into every version folder: sha256, size and md5 of every other file, then what published it.
 MANIFEST_FILE = "MANIFEST.json"
 PUBLICATION_FILE = "publication.json"
+# Files of a version that are not its model: left out when two versions are compared.
+NOT_MODEL_FILES = frozenset({PUBLICATION_FILE, EXPORT_REPORT_JSON, EXPORT_REPORT_HTML})
 GCS_SCHEME = "gs://"
 
 
@@ -152,9 +155,10 @@ def json_bytes(content: object) -> bytes:
 
 
 def content_digest(files: Mapping[str, Mapping[str, object]]) -> str:
-    """One digest of a version's model files (its publication record left out): equal digests, same model."""
+    """One digest of a version's model files: equal digests, same model. The publication record and the export
+    report are left out: the report's latencies differ on every run of the same model bytes."""
     lines = "".join(f"{name}\0{entry['sha256']}\n" for name, entry in sorted(files.items())
-                    if name != PUBLICATION_FILE)
+                    if name not in NOT_MODEL_FILES)
     return hashlib.sha256(lines.encode()).hexdigest()
 
 

@@ -19,10 +19,12 @@ from components.exporter.export import (
     check_artifact,
     export_and_verify,
     gate_message,
+    unrepresentable_variants,
     verify,
 )
 from components.exporter.runtimes import Runner
 from components.tasks import Task
+from reports.model_reports import table_lines
 from reports.records import ArtifactCheck, ArtifactRow, ExportReport, ExportTask, OptimizationReport
 from settings.config import ExportConfig
 
@@ -207,6 +209,13 @@ def test_verify_sizes_a_model_folder_without_what_lies_beside_it(tmp_path, eval_
     assert [row.size_bytes for row in result.artifacts] == [350, 30]
 
 
+def tiny_model():
+    """A Keras model whose values every TFLite variant holds: the stand-in converters never read it."""
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+
+
 def checked_row(name, figure, value, threshold, config_key, passed):
     """An artifact row as the export report holds it, with only its check filled in."""
     return ArtifactRow(artifact=name, path=name, size_bytes=0, max_abs_diff=0.0, metrics={}, latency_ms_p50=0.0,
@@ -222,15 +231,39 @@ def test_gate_message_names_each_failing_format_its_figure_and_key():
     assert gate_message(result) == (
         "onnx: max_abs_diff 5.1e-05 is above the threshold 5e-05 (export.max_abs_diff); "
         "tflite/int8: auc_degradation 0.0203 is above the threshold 0.02 (export.max_quantized_degradation) "
-        "(optimize.max_degradation and evaluation.max_degradation limit the same eval auc in the same units, so "
-        "raise them alike)"
+        "(the variant int8 cannot hold this model within that tolerance: leave it out of export.tflite_variants; "
+        "raising export.max_quantized_degradation would publish it as far off; no TFLite variant would be left: then "
+        "drop tflite from export.formats)"
     )
     regression = dataclasses.replace(result, task=ExportTask(kind="regression", metric="rmse"), artifacts=(
         *result.artifacts[:2],
-        checked_row("tflite/int8", "rmse_degradation", 30.0, 0.02, "export.max_quantized_degradation", False)))
+        checked_row("tflite/float32", "max_abs_diff", 0.0, 5e-5, "export.max_abs_diff", True),
+        checked_row("tflite/dynamic", "rmse_degradation", 1.0, 20.0, "export.max_quantized_degradation", True),
+        checked_row("tflite/float16", "rmse_degradation", 55000.0, 20.0, "export.max_quantized_degradation", False),
+        checked_row("tflite/int8", "rmse_degradation", 30.0, 20.0, "export.max_quantized_degradation", False)))
     message = gate_message(regression)
-    assert "optimize.max_degradation and evaluation.max_degradation limit the same eval rmse" in message
-    assert "a regression's rmse is in the label's units, and 2.5% of that spread is a usual tolerance" in message
+    # The advice never points at the tolerance, which would publish the broken variants.
+    assert "raise" not in message and "leave them out of export.tflite_variants" in message
+    assert message.endswith("tflite/float32, tflite/dynamic would still be published)")
+
+
+@pytest.mark.parametrize("offset, skipped", [(65504.0, False), (65536.0, True), (-180000.0, True)])
+def test_a_float16_variant_is_not_built_for_a_model_whose_values_float16_cannot_hold(offset, skipped):
+    import tensorflow as tf
+
+    inputs = tf.keras.Input((1,))
+    z = tf.keras.layers.Dense(1, name="output")(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Rescaling(2.0, offset=offset, name="label_scale")(z))
+    found = unrepresentable_variants(model, ["float32", "float16", "int8"])
+    assert unrepresentable_variants(model, ["float32", "int8"]) == {}
+    if not skipped:
+        assert found == {}
+        return
+    assert found == {"tflite/float16": f"not built: the label_scale.offset is {abs(offset):,.6g}, beyond float16's "
+                                       "largest value 65,504, so the variant would hold infinity there"}
+    report = ExportReport(passed=True, skipped=found)
+    assert ExportReport.from_dict(report.to_dict()).skipped == found
+    assert table_lines(report)[-1] == f"tflite/float16  {found['tflite/float16']}"
 
 
 @pytest.mark.parametrize("onnx_diff, passes", [(0.9 * MAX_ABS_DIFF, True), (1.1 * MAX_ABS_DIFF, False)])
@@ -238,7 +271,7 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
     """The Exporter's function with the converters stood in: the report lands either way; a miss raises."""
     _, data = stand_in_artifacts(tmp_path / "unused", eval_set, onnx_diff, (0.005, 0.015))
     data.representative = {"row": np.arange(10)}
-    model, spec = object(), {"features": []}
+    model, spec = tiny_model(), {"features": []}
     optimization = OptimizationReport(kind="binary", metric="auc", stages=("prune",))
     output_dir = tmp_path / "version"
     output_dir.mkdir()
@@ -259,12 +292,15 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
         assert result.passed and result.optimization == optimization and result.seconds == 12.3
     else:
         with pytest.raises(ExportGateError) as error:
-            export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization)
+            export_and_verify("serving_model", model, spec, data, str(output_dir), options(), optimization,
+                              failure_dir=str(tmp_path / "kept"))
     report = json.loads((output_dir / "export_report.json").read_text())
     if not passes:
         read_back = ExportReport.from_dict(report)
+        # TFX removes a failed component's output folder: the report cited lies where it stays.
         assert str(error.value) == (f"export verification failed, nothing is pushed: {gate_message(read_back)}. "
-                                    f"Report: {output_dir / 'export_report.json'}")
+                                    f"Report: {tmp_path / 'kept' / 'export_report.html'}")
+        assert json.loads((tmp_path / "kept" / "export_report.json").read_text()) == report
         assert gate_message(read_back).startswith("onnx: max_abs_diff ")
     assert report["passed"] is passes and report["optimization"] == optimization.to_dict()
     assert (output_dir / "export_report.html").is_file()
@@ -306,7 +342,7 @@ def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the
 
     monkeypatch.setattr(export, "export_formats", export_formats)
     _, data = regression_artifacts(tmp_path)
-    result = export_and_verify("serving_model", object(), spec, data, str(output_dir),
+    result = export_and_verify("serving_model", tiny_model(), spec, data, str(output_dir),
                                options(max_quantized_degradation=0.3), metric="mae")
     report = json.loads((output_dir / "export_report.json").read_text())
     assert report["task"]["kind"] == "regression" and report["task"]["metric"] == "mae"

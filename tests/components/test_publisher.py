@@ -2,6 +2,7 @@
 changed file is caught; publishing serves nothing after the first version; `mlops versions` reports it all; a
 version carries its training schema and statistics for `mlops monitor`."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,18 @@ def test_the_executor_takes_the_schema_and_the_train_splits_statistics(tmp_path)
     assert training_data({"schema": [schema]}) is None
     assert training_data({"schema": [], "statistics": [statistics]}) is None
     assert training_data({}) is None
+
+
+def test_the_same_model_bytes_with_another_export_report_publish_nothing_new(tmp_path, exports):
+    # An uncached re-run writes the same model with other latencies in its export report: the same version.
+    base = tmp_path / "serving"
+    first = publish_model(str(exports["a"]), str(base), "taxi", {"blessed": True})
+    rerun = tmp_path / "rerun"
+    shutil.copytree(exports["a"], rerun)
+    (rerun / "export_report.json").write_text(json.dumps({"passed": True, "latency_ms": 1.5}))
+    (rerun / "export_report.html").write_text("<p>1.5 ms</p>")
+    again = publish_model(str(rerun), str(base), "taxi", {"blessed": True})
+    assert (first.version, again.version, again.new) == (1, 1, False)
+    (rerun / "variables" / "variables.index").write_bytes(b"other weights")
+    changed = publish_model(str(rerun), str(base), "taxi", {"blessed": True})
+    assert (changed.version, changed.new) == (2, True), "other model bytes are a new version"

@@ -14,15 +14,19 @@ from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 from pipeline import cli
 from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
 from pipeline.init.bootstrap import (
+    SENTINEL_MIN_GAP,
+    SENTINEL_MIN_SHARE,
     _percent,
     blessing_bound,
     datetime_format,
+    find_sentinel,
     finish_schema,
     infer_label,
     monitoring_lines,
     place_features,
     propose_junk_markers,
     propose_markers,
+    propose_sentinel_markers,
     read_as_markers,
     regression_tolerances,
 )
@@ -33,6 +37,7 @@ from settings.config import (
     MonitoringFeatureConfig,
     load_config,
     tolerance_note,
+    usable_name,
 )
 
 HEADER = ["house_id", "age", "income", "city", "rooms", "country", "note", "bought"]
@@ -126,7 +131,8 @@ def test_the_same_data_without_its_markers_stops_before_tfx_with_the_marker_to_s
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: column 'income' is FLOAT in the schema") and "\n" not in message
     assert "'?' (2 cells, first at houses.csv line 31)" in message and "add them to data.missing_values" in message
-    assert not (tmp_path / "outputs").exists()
+    written = {p.relative_to(tmp_path / "outputs").parts[0] for p in (tmp_path / "outputs").rglob("*") if p.is_file()}
+    assert written == {"runs"}, "nothing but the report of the failed run"
 
 
 def test_init_refuses_what_the_user_must_fix_and_writes_nothing(tmp_path, capsys):
@@ -357,22 +363,14 @@ def test_a_date_column_keeps_no_closed_list_of_values_in_the_schema():
     assert not finished.feature[0].HasField("domain") and finished.feature[1].domain == "city"
 
 
-@pytest.mark.parametrize("column, usable", [("Flipper Length (mm)", None), ("Delta 15 N (o/oo)", None),
-                                            ("_private", None), ("-dash", None), ("flipper_length.mm-2", "ok")])
-def test_a_column_no_model_input_can_be_named_after_is_left_out_with_the_name_to_rename_it_to(column, usable):
-    values = Counter({f"{v}.5": 1 for v in range(40)})
-    profile = ColumnProfile(column, rows=40, values=values, types=Counter(float=40))
-    (placement,) = place_features([column], "label", {column: profile}, [], {column: schema_pb2.FLOAT},
-                                  statistics_pb2.DatasetFeatureStatistics())
-    if usable:
-        assert placement.group == "numeric"
-        return
-    assert placement.group is None
-    assert placement.reason.startswith("no model input can have this name (letters, digits, _, . and - only): "
-                                       "rename the column, e.g. to '")
-    # A SavedModel signature refuses such a name: the config says so before anything runs.
-    with pytest.raises(ConfigError, match=f"feature '{re.escape(column)}' cannot name a model input"):
-        load_config(None, [f"data.numeric_features=[fare, '{column}']"])
+@pytest.mark.parametrize("name", ["Flipper Length (mm)", "flipper.length", "Island", "2nd_try", "_private"])
+def test_a_name_no_model_input_can_take_is_refused_by_the_config_with_the_feature_the_column_becomes(name):
+    # Every CSV column is read as a feature with such a name (settings/csv_header.py): a hand-written config that
+    # lists the header's own name is told which name to list.
+    with pytest.raises(ConfigError, match=f"feature '{re.escape(name)}' cannot name a model input .* read as the "
+                                          f"feature '{re.escape(usable_name(name))}': list it under that name"):
+        load_config(None, [f"data.numeric_features=[fare, '{name}']"])
+    load_config(None, [f"data.numeric_features=[fare, {usable_name(name)}]"])
 
 
 def test_the_monitoring_section_gives_each_feature_its_kinds_thresholds_and_a_date_none():
@@ -384,3 +382,60 @@ def test_the_monitoring_section_gives_each_feature_its_kinds_thresholds_and_a_da
         f"    company:    {{skew: {defaults.categorical_skew}, drift: {defaults.categorical_drift}}}   # categorical",
         "    pickup_day: {skew: 1.0, drift: 1.0}   # categorical; a date: never flagged by a distance"]
     assert "monitoring:" in lines[1] and "  categorical_skew: 0.1" in lines
+
+
+def numeric_profile(name: str, cells: list[str]) -> ColumnProfile:
+    """A column's profile as profile_columns counts it."""
+    values = Counter(cells)
+    kinds = Counter(int=sum(n for v, n in values.items() if "." not in v),
+                    float=sum(n for v, n in values.items() if "." in v))
+    return ColumnProfile(name, rows=len(cells), values=values, types=kinds)
+
+
+@pytest.mark.parametrize("code, repeats, found", [
+    # 100 filled cells: the other values 0..100 (range 100); a code 0.5 x 100 below them in 5% of the cells is one.
+    ("-50", 5, True),
+    ("-49", 5, False),   # just less than SENTINEL_MIN_GAP times the range away: a value
+    ("-50", 4, False),   # in just less than SENTINEL_MIN_SHARE of the cells: a few outliers (a long tail), no code
+    ("150", 5, True),    # above the others as well as below
+])
+def test_a_sentinel_is_a_number_far_outside_the_others_in_many_rows_just_inside_each_threshold(code, repeats, found):
+    assert (SENTINEL_MIN_GAP, SENTINEL_MIN_SHARE) == (0.5, 0.05)
+    others = [str(v) for v in range(100 - repeats - 1)] + ["100"]
+    cells = others + [code] * repeats
+    assert len(cells) == 100 and min(map(float, others)) == 0 and max(map(float, others)) == 100
+    profile = numeric_profile("mass", cells)
+    assert (find_sentinel(profile) is not None) is found
+    if found:
+        assert find_sentinel(profile) == (code, repeats, 0.0, 100.0)
+
+
+def test_sentinels_are_proposed_with_their_share_and_range_unless_another_column_holds_them():
+    mass = numeric_profile("mass", [str(2700 + 30 * i) for i in range(80)] + ["-999"] * 20)
+    (proposed, notes) = propose_sentinel_markers({"mass": mass})
+    assert proposed == ["-999"]
+    assert notes == ["column 'mass' holds '-999' in 20 cells of 100 filled (20%), far outside its other values (2700 "
+                     "to 5070): proposed as a missing-value marker, so that it is filled as a gap, not learned as a "
+                     "value (remove it from data.missing_values if it is a real value)"]
+    depth = numeric_profile("depth", [str(-999 + i) for i in range(50)])
+    proposed, notes = propose_sentinel_markers({"mass": mass, "depth": depth})
+    assert proposed == [] and "not proposed, as it is a value of depth too" in notes[0]
+    flags = numeric_profile("flag", ["0"] * 50 + ["1"] * 50)
+    assert propose_sentinel_markers({"flag": flags}) == ([], []), "a two-valued column has no outside"
+
+
+def test_features_are_optional_in_the_schema_so_a_request_gap_is_filled_as_training_filled_it():
+    import tensorflow as tf
+    from tensorflow_transform.tf_metadata import schema_utils
+
+    schema = text_format.Parse("""
+        feature { name: "mass" type: INT presence { min_fraction: 1.0 } shape { dim { size: 1 } } }
+        feature { name: "island" type: BYTES presence { min_fraction: 1.0 } shape { dim { size: 1 } } }
+        feature { name: "label" type: FLOAT presence { min_fraction: 1.0 } shape { dim { size: 1 } } }
+    """, schema_pb2.Schema())
+    finished = finish_schema(schema, "label")
+    spec = schema_utils.schema_as_feature_spec(finished).feature_spec
+    # A required integer feature would read the client's missing value (-1) as a value: every feature is optional.
+    assert isinstance(spec["mass"], tf.io.VarLenFeature) and isinstance(spec["island"], tf.io.VarLenFeature)
+    assert isinstance(spec["label"], tf.io.FixedLenFeature)
+    assert all(f.presence.min_fraction == 1.0 for f in finished.feature), "the gate still wants every training value"

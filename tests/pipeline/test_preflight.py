@@ -1,5 +1,6 @@
 """The config checked against the schema and the CSV files before any TFX stage runs: each mismatch stops `mlops run`
 with one sentence naming the column and the key to set, exit code 2, and nothing written."""
+import json
 from pathlib import Path
 
 import pytest
@@ -42,9 +43,16 @@ def run_fails(project: Path, capsys, *overrides: str) -> str:
     """`mlops run` on the project's config with overrides: exit code 2, nothing written, the one-line message."""
     flags = [flag for override in overrides for flag in ("--set", override)]
     assert cli.main(["run", "--config", str(project / "rides.yaml"), *flags]) == 2
-    assert not (project / "out").exists(), "nothing may be written, least of all below the serving folder"
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: ") and "\n" not in message and message.endswith(".")
+    # Nothing but the run report, which says what failed, where and what to do.
+    written = {p.name for p in (project / "out").rglob("*") if p.is_file()}
+    assert written == {"summary.json", "summary.html", "index.html"}, written
+    folder = max(p for p in (project / "out" / "runs").iterdir() if p.is_dir())
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["failed_stage"] == "checking the data and the config"
+    assert summary["failure"] == message
+    assert "failed in checking the data and the config" in (project / "out" / "runs" / "index.html").read_text()
     return message
 
 

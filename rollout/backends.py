@@ -180,11 +180,16 @@ class LocalBackend(Backend):
             return 0
 
     def check_version(self, model: str, version: int) -> None:
-        repository = ModelRepository(self.base_dir)
-        if version not in repository.versions(model):
-            raise BackendError(f"version {version} of {model!r} is not published under {repository.model_dir(model)} "
-                               f"(published: {repository.versions(model)}); run the pipeline or pick one of those.")
-        check = repository.verify(model, version)
-        if check.state == "MISMATCH":
-            raise BackendError(f"version {version} of {model!r} does not match its checksum manifest "
-                               f"({'; '.join(check.problems[:5])}); publish it again as a new version.")
+        check_published_version(self.base_dir, model, version)
+
+
+def check_published_version(base_dir: str | Path, model: str, version: int) -> None:
+    """Raises BackendError unless `version` of `model` is published under `base_dir` and matches its checksums."""
+    repository = ModelRepository(base_dir)
+    if version not in repository.versions(model):
+        raise BackendError(f"version {version} of {model!r} is not published under {repository.model_dir(model)} "
+                           f"(published: {repository.versions(model)}); run the pipeline or pick one of those.")
+    check = repository.verify(model, version)
+    if check.state == "MISMATCH":
+        raise BackendError(f"version {version} of {model!r} does not match its checksum manifest "
+                           f"({'; '.join(check.problems[:5])}); publish it again as a new version.")

@@ -47,7 +47,8 @@ def build_backend(config: PipelineConfig) -> Backend:
                                ":9090; k8s/serving/README.md, Scraping).")
         return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
                                       rollout.request_timeout_seconds,
-                                      lease_duration_s=rollout.lease_duration_seconds, metrics=metrics)
+                                      lease_duration_s=rollout.lease_duration_seconds, metrics=metrics,
+                                      repository_dir=config.serving_base_dir)
     return kube.KubeDLBackend(rollout.kubedl, config.model_name, _endpoints(rollout.kubedl),
                               rollout.request_timeout_seconds, lease_duration_s=rollout.lease_duration_seconds,
                               metrics=metrics)

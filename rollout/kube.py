@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from rollout.backends import Backend, BackendError, Endpoint, ServerView
+from rollout.backends import Backend, BackendError, Endpoint, ServerView, check_published_version
 from rollout.metrics import MetricsSource
 from rollout.state import (
     EMPTY,
@@ -362,7 +362,7 @@ class KubernetesBackend(_PodsMixin, Backend):
     def __init__(self, settings: RolloutKubernetesConfig, model: str, endpoints: dict[str, list[Endpoint]],
                  timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
-                 metrics: MetricsSource | None = None) -> None:
+                 metrics: MetricsSource | None = None, repository_dir: str = "") -> None:
         api = api or api_client(settings.kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -370,6 +370,7 @@ class KubernetesBackend(_PodsMixin, Backend):
         self.namespace = settings.namespace
         self.rest_port = settings.rest_port
         self.timeout_s = timeout_s
+        self.repository_dir = repository_dir
         store = ConfigMapStateStore(self.core, self.namespace, settings.state_config_map, model,
                                     client.CoordinationV1Api(api), lease_duration_s)
         # The pods' TF Serving metrics come from Prometheus (rollout.prometheus), never through the API server's pod
@@ -457,9 +458,14 @@ class KubernetesBackend(_PodsMixin, Backend):
         return 0
 
     def check_version(self, model: str, version: int) -> None:
-        # The repository is a volume of the pods, not of this process: a missing or broken version shows as a failed
-        # load on the canary servers, and the rollout is rolled back.
-        return None
+        """The repository the pods serve, as this process sees it (the rollout Job mounts the same claim read-only at
+        output_root/serving; from a laptop, the folder copied into it): published, and matching its checksums."""
+        if not os.path.isdir(os.path.join(self.repository_dir, model)):
+            raise BackendError(f"the model repository {os.path.join(self.repository_dir, model)} is not here, so "
+                               f"version {version} cannot be checked against its checksums before it serves: run the "
+                               "rollout where the repository is mounted (k8s/serving/rollout-job) or set output_root "
+                               "to the folder the cluster's copy came from.")
+        check_published_version(self.repository_dir, model, version)
 
 
 def _with_model(config, model: str, versions: list[int], labels: dict[str, int], served_base_dir: str):

@@ -129,3 +129,26 @@ def test_the_kubernetes_backend_refuses_to_verify_without_prometheus():
     with pytest.raises(BackendError, match="rollout.backend kubernetes reads its verification windows from "
                                            "Prometheus: set rollout.prometheus.url"):
         build_backend(load_config(None, ["rollout.backend=kubernetes"]))
+
+
+def test_a_changed_or_unreachable_version_is_refused_before_anything_is_written(cluster):
+    """The repository the pods serve, as the controller sees it (the rollout Job mounts its claim): a version whose
+    files changed after publishing, or a repository that is not there, is refused with nothing loaded or routed."""
+    from rollout.backends import BackendError
+    from serving.repository.local import ModelRepository
+
+    data = next((ModelRepository(cluster.base).version_dir(MODEL, 2) / "variables").glob("variables.data-*"))
+    with open(data, "ab") as f:
+        f.write(b"\0")
+    def written():
+        return [w for w in cluster.writes if w[0] != "Lease"]  # the controller's own Lease is taken and released
+
+    before = (cluster.models_config("stable"), cluster.models_config("canary"), cluster.weights(), written())
+    controller = build_controller(load_config(None, cluster.overrides()))
+    with pytest.raises(BackendError, match=r"version 2 of 'tiny' does not match its checksum manifest \(variables/"):
+        controller.start(2)
+    elsewhere = build_controller(load_config(None, [*cluster.overrides(), f"output_root={cluster.root / 'absent'}"]))
+    with pytest.raises(BackendError, match=r"the model repository .*absent/serving/tiny is not here, so version 3"):
+        elsewhere.start(3)
+    after = (cluster.models_config("stable"), cluster.models_config("canary"), cluster.weights(), written())
+    assert after == before, "nothing was loaded, labelled or routed"

@@ -246,6 +246,11 @@ def test_a_stale_state_write_fails_on_the_servers_resource_version(api, namespac
     # A stale token with no race: refused by the revision before any write.
     with pytest.raises(StateConflictError, match=r"changed \(revision 3, expected 2\)"):
         store.save({"current": None, "history": []}, "2")
+    # Nor can a controller that read nothing yet create over it: refused by the revision it reads, nothing written.
+    store.core = racing = Between(core, "", None)
+    with pytest.raises(StateConflictError, match=r"changed \(revision 3, expected 0\)"):
+        store.save({"current": None, "history": []}, "0")
+    assert racing.statuses == []
 
 
 def test_a_state_configmap_created_meanwhile_gets_the_servers_409_and_is_written_into(api, namespace):

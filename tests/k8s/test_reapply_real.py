@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 
 import yaml
@@ -18,7 +19,7 @@ from kubernetes import client
 from rollout.backends import Endpoint
 from rollout.kube import KubernetesBackend
 from settings.config import RolloutKubernetesConfig
-from tests.k8s.render import REPO, render
+from tests.k8s.render import REPO
 
 OVERLAY = "k8s/serving/overlays/dev"
 BOOTSTRAP = "k8s/serving/bootstrap"
@@ -36,13 +37,14 @@ def wrapped(folder, kustomization: str, namespace: str) -> str:
     return str(folder)
 
 
-def prune_selector() -> str:
-    """The selector k8s/serving/README.md gives for `kubectl apply --prune`."""
-    lines = [line for line in README.read_text().splitlines() if "--prune" in line and "kubectl apply" in line]
-    if not lines:  # before the README gave one: the selector the review saw users run
-        return "app.kubernetes.io/part-of=tfx-mlops"
-    words = lines[0].split("`")[1 if "`" in lines[0] else 0].split()
-    return words[words.index("-l") + 1]
+def prune_selector(apply_set: str) -> str:
+    """The selector k8s/serving/README.md gives for `kubectl apply --prune` of the `apply_set` kustomization."""
+    text = README.read_text()
+    if "kubectl apply -k k8s/serving/overlays/dev --prune" not in text:
+        return "app.kubernetes.io/part-of=tfx-mlops"  # before the README gave one: what the review saw users run
+    found = re.findall(rf"`?(tfx-mlops/prune-set={apply_set})`?", text)
+    assert found, f"k8s/serving/README.md names no prune selector for {apply_set}"
+    return found[0]
 
 
 def owned(backend: KubernetesBackend, core: client.CoreV1Api, namespace: str) -> dict:
@@ -62,10 +64,12 @@ def owned(backend: KubernetesBackend, core: client.CoreV1Api, namespace: str) ->
 
 def neighbours(cluster, namespace: str) -> dict[str, dict]:
     """The project's objects a user applies beside the overlay, client-side as their comments say: the monitor's
-    CronJob and reports claim (k8s/serving/monitor) in the same namespace, the training Namespace (k8s/training)
-    renamed to `<namespace>-training`; {kind/name: its metadata as the server holds it}."""
+    CronJob and reports claim (k8s/serving/monitor) in the same namespace, k8s/training/base moved to
+    `<namespace>-training`, and the serving Namespace itself; {kind/name: its metadata as the server holds it}."""
     found = {}
-    for kind, name, where in (("cronjob", "mlops-monitor", namespace), ("namespace", f"{namespace}-training", "")):
+    for kind, name, where in (("cronjob", "mlops-monitor", namespace), ("pvc", "mlops-monitor-reports", namespace),
+                              ("namespace", f"{namespace}-training", ""), ("namespace", namespace, ""),
+                              ("pvc", "mlops-pipeline-root", f"{namespace}-training")):
         result = cluster.kubectl("get", kind, name, *(["-n", where] if where else []), "-o", "json", check=False)
         found[f"{kind}/{name}"] = json.loads(result.stdout)["metadata"] if result.returncode == 0 else None
     return found
@@ -77,9 +81,8 @@ def test_re_applying_the_overlay_after_a_rollout_keeps_what_the_controller_owns(
     cluster.kubectl("apply", "--server-side", "-k", overlay)
     cluster.kubectl("create", "-k", wrapped(tmp_path / "bootstrap", BOOTSTRAP, namespace))
     cluster.kubectl("apply", "-k", wrapped(tmp_path / "monitor", MONITOR, namespace))
-    [training] = [o for o in render(TRAINING) if o["kind"] == "Namespace"]
-    training["metadata"]["name"] = f"{namespace}-training"
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(training))
+    training = wrapped(tmp_path / "training", TRAINING, f"{namespace}-training")
+    cluster.kubectl("apply", "-k", training)
     settings = RolloutKubernetesConfig(namespace=namespace, kubeconfig=str(cluster.kubeconfig))
     backend = KubernetesBackend(settings, "taxi", {"stable": [Endpoint("", "")], "canary": [Endpoint("", "")]}, 5)
     core = backend.core
@@ -105,7 +108,10 @@ def test_re_applying_the_overlay_after_a_rollout_keeps_what_the_controller_owns(
     assert all(beside.values()), beside
     for reapply, command in (("client-side", ["apply", "-k", overlay]),
                              ("server-side", ["apply", "--server-side", "-k", overlay]),
-                             ("prune", ["apply", "-k", overlay, "--prune", "-l", prune_selector()])):
+                             ("prune", ["apply", "-k", overlay, "--prune", "-l", prune_selector("serving")]),
+                             # The training kustomization pruned by its own label leaves mlops-serving alone.
+                             ("training's prune", ["apply", "-k", training, "--prune", "-l",
+                                                   prune_selector("training")])):
         # Twice: the first client-side apply records last-applied-configuration, the second acts on it (and prunes).
         said = ""
         for _ in range(2):

@@ -1,6 +1,12 @@
 """The state stores and the controllers' lock: a stale write fails instead of overwriting (on a file and on a
 ConfigMap that already exists), another model's rollout in the same ConfigMap is no conflict, and the Lease is held,
-refused, renewed, taken over only once expired, and released as client-go's leader election does."""
+refused, renewed, taken over only once expired, and released as client-go's leader election does.
+
+Against the fake API server (tests/rollout/fake_apiserver.py). tests/rollout/test_leases_real.py runs the same cases
+against the real kube-apiserver, with the server's own 409s, and covers these fully: the stale ConfigMap write, another
+model's rollout in the same ConfigMap, the takeover or renewal that meets another writer, the renewal seen on the
+server, a second controller that waits for an expiring Lease (there a SIGKILLed process's). They stay here as the
+fast, cluster-free check; the rest need what the real server cannot do on cue (403/422/500 answers, a moved clock)."""
 from __future__ import annotations
 
 import json

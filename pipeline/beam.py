@@ -60,7 +60,7 @@ def job_failure(error: BaseException) -> str | None:
     if match is None:
         return None
     lines = text[match.end():].splitlines()
-    python = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    python = [index for index, line in enumerate(lines) if "Traceback (most recent call last):" in line]
     if python:
         after = lines[python[-1] + 1:]
         # A traceback's last unindented line is the exception; Java's "\tat ..." frames follow it.

@@ -118,10 +118,11 @@ def _flink_conf(home: Path, settings: FlinkClusterConfig, state: ClusterState, f
         "taskmanager.data.port": 0,
         "taskmanager.numberOfTaskSlots": settings.slots_per_taskmanager,
         "taskmanager.memory.process.size": settings.taskmanager_memory,
-        # A batch job's sort-merge shuffle asks for 512 network buffers per result partition (32 KiB each); the
-        # default share of a small TaskManager holds about 400.
+        # A batch job's sort-merge shuffle asks for 512 network buffers (32 KiB each) per result partition by
+        # default, and a Beam stage's job holds hundreds of tasks: 64 each, from a larger network share, fit them.
         "taskmanager.memory.network.min": "256m",
         "taskmanager.memory.network.max": "256m",
+        "taskmanager.network.sort-shuffle.min-buffers": 64,
         "blob.server.port": 0,
         "parallelism.default": settings.taskmanagers * settings.slots_per_taskmanager,
         "io.tmp.dirs": str(folder / "tmp"),

@@ -127,6 +127,10 @@ def _flink_conf(home: Path, settings: FlinkClusterConfig, state: ClusterState, f
         "parallelism.default": settings.taskmanagers * settings.slots_per_taskmanager,
         "io.tmp.dirs": str(folder / "tmp"),
         "web.tmpdir": str(folder / "tmp"),
+        # RPCs wait longer than the 10 s default: on a busy 2-core machine a TaskManager answered too late.
+        "pekko.ask.timeout": "60 s",
+        # Beam's classes, and what they share with the job's jar (joda-time, ...), from Flink's lib/ (_write_lib).
+        "classloader.resolve-order": "parent-first",
         # Finished jobs stay readable through the REST API for the test and `status`.
         "jobstore.expiration-time": 86400,
     }
@@ -140,6 +144,23 @@ def _write_conf(home: Path, settings: FlinkClusterConfig, state: ClusterState, f
     (conf / "config.yaml").write_text(yaml.safe_dump(_flink_conf(home, settings, state, folder), sort_keys=True))
     (folder / "tmp").mkdir(exist_ok=True)
     return conf
+
+
+def _write_lib(home: Path, classpath: str, folder: Path) -> Path:
+    """Flink's lib/ for this cluster: the package's jars and Beam's runner with its dependencies (less the Flink jars
+    the job server brings), linked. With Beam's runner on Flink's own classpath a TaskManager keeps the SDK workers
+    of a job for its next tasks; loaded from the job's jar, Beam closes them after every task
+    (FlinkExecutableStageContextFactory in apache/beam), and each task pays a Python worker's start."""
+    lib = folder / "lib"
+    shutil.rmtree(lib, ignore_errors=True)
+    lib.mkdir(parents=True)
+    jars = sorted(home.glob("lib/*.jar")) + [Path(jar) for jar in classpath.split(os.pathsep)
+                                             if jar.endswith(".jar") and "/org/apache/flink/" not in jar]
+    for jar in jars:
+        link = lib / jar.name
+        if not link.exists():
+            link.symlink_to(jar)
+    return lib
 
 
 def _spawn(name: str, command: list[str], folder: Path, env: dict[str, str] | None = None) -> ClusterProcess:
@@ -229,7 +250,8 @@ def start(config: PipelineConfig) -> ClusterState:
                          artifact_port=next(ports), expansion_port=next(ports),
                          worker_command=_write_worker_command(folder))
     conf = _write_conf(home, settings, state, folder)
-    flink_env = {"FLINK_CONF_DIR": str(conf), "FLINK_LOG_DIR": str(folder / "log"),
+    flink_env = {"FLINK_CONF_DIR": str(conf), "FLINK_LIB_DIR": str(_write_lib(home, classpath, folder)),
+                 "FLINK_LOG_DIR": str(folder / "log"),
                  "FLINK_PID_DIR": str(folder / "pid")}
     try:
         state.processes.append(_spawn("jobmanager", [str(home / "bin" / "jobmanager.sh"), "start-foreground"],

@@ -160,3 +160,31 @@ def test_job_failure_keeps_the_python_exception_of_a_java_trace():
     assert job_failure(RuntimeError(java_only)) == ("its Beam job BeamApp-2 failed on the runner: java.io.IOException: "
                                                     "disk full")
     assert job_failure(RuntimeError("Pipeline construction failed")) is None
+
+
+def test_status_and_stop_without_a_cluster_say_so(tmp_path, capsys):
+    from pipeline import cli
+
+    assert cli.main(["cluster", "flink", "status", "--set", f"output_root={tmp_path}"]) == 1
+    assert cli.main(["cluster", "flink", "stop", "--set", f"output_root={tmp_path}"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "no Flink cluster is running; start it with `mlops cluster flink start`", "no Flink cluster was running"]
+
+
+def test_start_without_flink_installed_is_one_sentence(tmp_path, capsys):
+    from pipeline import cli
+
+    missing = tmp_path / "no-flink"
+    assert cli.main(["cluster", "flink", "start", "--set", f"output_root={tmp_path}",
+                     "--set", f"cluster.flink.flink_env={missing}"]) == 1
+    assert capsys.readouterr().err == (f"error: Flink is not installed in {missing}; run `make flink` (Flink 1.19 "
+                                       "from PyPI and Beam's Flink job server from Maven Central).\n")
+
+
+def test_a_cluster_needs_a_taskmanager_with_a_slot():
+    from settings.config import ConfigError
+
+    assert load_config(None, ["cluster.flink.taskmanagers=1", "cluster.flink.slots_per_taskmanager=1"])
+    for override in ("cluster.flink.taskmanagers=0", "cluster.flink.slots_per_taskmanager=0"):
+        with pytest.raises(ConfigError, match="must be 1 or more"):
+            load_config(None, [override])

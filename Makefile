@@ -13,6 +13,11 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.synced
 # Tools whose dependencies clash with the ML stack (checkov), with kubectl and kubernetes-validate: their own venv.
 TOOLS_VENV := .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.synced
+# Apache Flink 1.19 from PyPI (apache-flink pins an old apache-beam: its own venv) and Beam's Flink job server's
+# classpath in the local Maven repository: `make flink`, for `mlops cluster flink` and the Flink tests.
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.synced
+FLINK_CLASSPATH := $(FLINK_VENV)/job-server.classpath
 CHROMIUM := /usr/bin/chromium
 HAPROXY := /usr/sbin/haproxy
 PROMETHEUS := /usr/bin/prometheus
@@ -29,13 +34,14 @@ PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
-.PHONY: help setup lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
+.PHONY: help setup flink lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
   image-test controlplane envoy-gateway
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
+	@echo "make flink  Flink 1.19 (PyPI) into .venv-flink and Beam's Flink job server (Maven) for mlops cluster flink"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
@@ -124,6 +130,19 @@ $(TOOLS_STAMP): requirements-tools.lock | $(UV)
 	$(UV) pip sync --python $(TOOLS_VENV)/bin/python requirements-tools.lock
 	@touch $(TOOLS_STAMP)
 
+flink: $(FLINK_STAMP) $(FLINK_CLASSPATH)
+
+$(FLINK_STAMP): requirements-flink.lock | $(UV)
+	@[ -x $(FLINK_VENV)/bin/python ] || $$(scripts/find_python310.sh) -m venv $(FLINK_VENV)
+	$(UV) pip sync --python $(FLINK_VENV)/bin/python requirements-flink.lock
+	@touch $(FLINK_STAMP)
+
+# Maven fetches the job server's jars into ~/.m2 (a cache reused across runs) and writes their paths, one classpath.
+$(FLINK_CLASSPATH): flink/pom.xml | $(FLINK_STAMP)
+	@command -v mvn >/dev/null && command -v java >/dev/null || { echo "mvn and java (17) are needed for Beam's" \
+	  "Flink job server; install them (Debian: apt-get install -y maven openjdk-17-jre-headless)." >&2; exit 1; }
+	mvn -B -q -f flink/pom.xml dependency:build-classpath -Dmdep.outputFile=$(abspath $(FLINK_CLASSPATH))
+
 $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: the TF.js export is verified in Node.js 18+;" \
 	  "install it (Debian: apt install nodejs npm)." >&2; exit 1; }
@@ -135,6 +154,8 @@ lock: | $(UV)
 	  --python-platform x86_64-manylinux_2_36 -o requirements.lock
 	$(UV) pip compile requirements-tools.in --python-version 3.10 \
 	  --python-platform x86_64-manylinux_2_36 -o requirements-tools.lock
+	$(UV) pip compile requirements-flink.in --python-version 3.10 \
+	  --python-platform x86_64-manylinux_2_36 -o requirements-flink.lock
 
 demo: setup
 	$(VENV)/bin/mlops run --config $(CONFIG) --serve-after
@@ -146,7 +167,7 @@ controlplane:
 	tools/controlplane/build.sh
 
 # The suite, then the image: built from the Dockerfile and run (image-test, below).
-test: setup controlplane envoy-gateway
+test: setup controlplane envoy-gateway flink
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) image-test

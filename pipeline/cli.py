@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from components.compat import select_native_log_level
 from monitoring import cli as monitoring_cli
+from pipeline import cluster_cli
 from rollout import cli as rollout_cli
 from rollout import deploy_cli
 from serving import cli as serving_cli
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_cli.register(commands, add_config_args)
     deploy_cli.register(commands, add_config_args)
     monitoring_cli.register(commands, add_config_args)
+    cluster_cli.register(commands, add_config_args)
     train = commands.add_parser(
         "train", help="train alone on the pipeline's latest Transform output, on N workers (local or TFJob)"
     )

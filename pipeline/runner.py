@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from pipeline import STARTED
+from pipeline.beam import job_failure
 from pipeline.data import check_csv_folder, resolve_data_dir
 from pipeline.local.progress import StageProgress
 from pipeline.local.stage_workers import LIBRARY_LOGGERS, LOG_FORMAT, StageWorkers
@@ -23,6 +24,18 @@ class PipelineError(UserError, RuntimeError):
     """A stage failed for a reason other than the data gate; the message names the stage and the log."""
 
     exit_code = 1
+
+
+def _runner_job_failure(error: BaseException | None) -> str | None:
+    """The one line pipeline/beam.py's job_failure finds in `error` or in what caused it, if a runner's job failed."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        line = job_failure(error)
+        if line:
+            return line
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _find_cause(error: BaseException, kind: type) -> BaseException | None:
@@ -191,7 +204,9 @@ def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict
         if "Evaluator" in progress.finished and stage != "Evaluator":
             with _logs_to_file(log_path):
                 verdict = evaluator_verdict(config)
-        raise PipelineError(f"{stage} failed: {error}{verdict}; see the full log at {log_path}") from error
+        # A portable runner's failure is its whole Java stack trace: its one telling line here, all of it in the log.
+        reason = _runner_job_failure(error) or error
+        raise PipelineError(f"{stage} failed: {reason}{verdict}; see the full log at {log_path}") from error
 
     state["stage"] = "reading the run back"
     # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.

@@ -8,13 +8,11 @@ from the step's weight make it inconclusive: never a pass (the controller retrie
 from __future__ import annotations
 
 import csv
-import glob
 import math
-import os
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rollout.backends import Backend, Endpoint
@@ -28,11 +26,13 @@ class GoldenDataError(UserError, ValueError):
     exit_code = 2
 
 
-def _csv_rows(path: Path, count: int) -> list[dict[str, Any]]:
-    files = sorted(path.glob("*.csv")) if path.is_dir() else [path]
+def _csv_rows(path: str, count: int) -> list[dict[str, Any]]:
+    from tensorflow.io import gfile
+
+    files = sorted(gfile.glob(path.rstrip("/") + "/*.csv")) if gfile.isdir(path) else [path]
     rows: list[dict[str, Any]] = []
     for file in files:
-        with file.open(newline="") as f:
+        with gfile.GFile(file) as f:
             for row in csv.DictReader(f):
                 rows.append(row)
                 if len(rows) == count:
@@ -43,11 +43,12 @@ def _csv_rows(path: Path, count: int) -> list[dict[str, Any]]:
 def _eval_split_rows(pipeline_root: str, count: int) -> list[dict[str, Any]]:
     import tensorflow as tf
 
-    splits = sorted(glob.glob(os.path.join(pipeline_root, "CsvExampleGen", "examples", "*", "Split-eval")),
-                    key=lambda p: int(p.split(os.sep)[-2]))
+    # tf.io.gfile, not glob: the pipeline root may be on object storage (gs://, `artifact_root`).
+    splits = sorted(tf.io.gfile.glob(posixpath.join(pipeline_root, "CsvExampleGen", "examples", "*", "Split-eval")),
+                    key=lambda p: int(p.rstrip("/").split("/")[-2]))
     if not splits:
         return []
-    files = sorted(glob.glob(os.path.join(splits[-1], "*.gz")))
+    files = sorted(tf.io.gfile.glob(posixpath.join(splits[-1], "*.gz")))
     rows = []
     for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(count):
         example = tf.train.Example.FromString(record.numpy())
@@ -61,13 +62,15 @@ def _eval_split_rows(pipeline_root: str, count: int) -> list[dict[str, Any]]:
 
 
 def load_golden_rows(golden_data: str, pipeline_root: str, count: int) -> list[dict[str, Any]]:
-    """`count` eval rows: from `golden_data` (a CSV file or a folder of them) or the pipeline's newest eval split."""
+    """`count` eval rows: from `golden_data` (a CSV file or a folder of them) or the pipeline's newest eval split, on
+    a local disk or object storage (any URI tf.io.gfile reads)."""
+    from tensorflow.io import gfile
+
     if golden_data:
-        path = Path(golden_data)
-        if not path.exists():
-            raise GoldenDataError(f"rollout.golden_data {path} does not exist; point it at a CSV file or folder of "
-                                  "eval rows, or leave it empty to use the pipeline's eval split.")
-        rows = _csv_rows(path, count)
+        if not gfile.exists(golden_data):
+            raise GoldenDataError(f"rollout.golden_data {golden_data} does not exist; point it at a CSV file or "
+                                  "folder of eval rows, or leave it empty to use the pipeline's eval split.")
+        rows = _csv_rows(golden_data, count)
     else:
         rows = _eval_split_rows(pipeline_root, count)
     if not rows:

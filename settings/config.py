@@ -518,7 +518,10 @@ IN_MEMORY_MAX_ROWS = 450_000
 class BeamConfig:
     """The Beam runner of the data stages (ExampleGen, StatisticsGen, Transform, Evaluator); pipeline/beam.py turns
     it into beam_pipeline_args. Each runner's keys are grouped below; README, "Beam at scale", says what to supply."""
-    runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner"] = "DirectRunner"
+    # The short names (direct, flink, spark, dataflow) stand for Beam's runner classes; load_config turns them into
+    # the class names.
+    runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner",
+                    "direct", "flink", "spark", "dataflow"] = "DirectRunner"
     # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU (in_memory: always one
     # worker, pipeline/beam.py). auto: in_memory for
     # local CSV data of at most in_memory_max_rows rows (each worker process would import TensorFlow for seconds),
@@ -527,8 +530,10 @@ class BeamConfig:
     direct_num_workers: int = 0
     in_memory_max_rows: int = IN_MEMORY_MAX_ROWS
     # PortableRunner: a Beam job service (host:port), such as Flink's or Spark's job server, or Beam's own.
+    # FlinkRunner: a standing Flink job server (`mlops cluster flink status` prints it), or else flink_master.
     job_endpoint: str = ""
-    # FlinkRunner: the Flink REST endpoint (host:8081); SparkRunner: the Spark master (spark://host:7077).
+    # FlinkRunner without job_endpoint: the Flink REST endpoint (host:8081), for which Beam starts a job server of its
+    # own; SparkRunner: the Spark master (spark://host:7077).
     flink_master: str = ""
     spark_master_url: str = ""
     # Portable runners (Portable, Flink, Spark): where the Python SDK workers run. DOCKER: a container of
@@ -546,6 +551,32 @@ class BeamConfig:
     sdk_container_image: str = ""
     # Any other Beam option, passed as written, after the ones above (for example --max_num_workers=20).
     extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FlinkClusterConfig:
+    """`mlops cluster flink start|stop|status` (pipeline/flink_cluster.py): a standing Flink cluster on this machine,
+    one JobManager and `taskmanagers` TaskManagers on loopback ports, with Beam's Flink job server and a pool of
+    Python SDK workers from this project's environment beside it."""
+    # Where the cluster keeps its generated Flink conf, logs and state file (ports, process ids). Empty:
+    # <output_root>/flink-cluster.
+    state_dir: str = ""
+    # The folder `make flink` fills: Flink 1.19 from PyPI (requirements-flink.lock) and the job server's classpath
+    # from the local Maven repository; a relative path is read from the project's root.
+    flink_env: str = ".venv-flink"
+    taskmanagers: int = 2
+    slots_per_taskmanager: int = 1
+    # Flink's total process memory per JVM (Flink's memory syntax): sized to fit four JVMs beside the pipeline.
+    jobmanager_memory: str = "1024m"
+    taskmanager_memory: str = "1536m"
+    # How long `start` waits for every TaskManager to register and the job server to listen.
+    start_timeout_s: float = 180.0
+
+
+@dataclass
+class ClusterConfig:
+    """Engines `mlops cluster` starts on this machine for the Beam stages (README, "Beam at scale")."""
+    flink: FlinkClusterConfig = field(default_factory=FlinkClusterConfig)
 
 
 @dataclass
@@ -656,6 +687,7 @@ class PipelineConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
@@ -670,6 +702,11 @@ class PipelineConfig:
     def pipeline_root(self) -> str:
         """Where TFX writes this pipeline's artifacts: a local folder or a URI."""
         return posixpath.join(self.artifact_root or os.path.join(self.output_root, "pipelines"), self.name)
+
+    @property
+    def flink_cluster_dir(self) -> str:
+        """Where `mlops cluster flink` keeps the standing cluster's conf, logs and state file."""
+        return self.cluster.flink.state_dir or os.path.join(self.output_root, "flink-cluster")
 
     @property
     def metadata_path(self) -> str:
@@ -923,6 +960,9 @@ def _validate(config: PipelineConfig) -> None:
     _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
+    flink = config.cluster.flink
+    if flink.taskmanagers < 1 or flink.slots_per_taskmanager < 1:
+        raise ConfigError("cluster.flink.taskmanagers and cluster.flink.slots_per_taskmanager must be 1 or more.")
     _validate_kubeflow(config.kubeflow)
     _validate_request_log(config.serving.request_log)
     _validate_monitoring(config.monitoring, config.features)
@@ -1074,10 +1114,19 @@ def _validate_monitoring(monitoring: MonitoringConfig, features: list[str]) -> N
                           "crossing retrains) or a positive number of hours, e.g. 24.")
 
 
+RUNNER_CLASSES = {"direct": "DirectRunner", "flink": "FlinkRunner", "spark": "SparkRunner",
+                  "dataflow": "DataflowRunner"}
+
+
 def _validate_beam(beam: BeamConfig) -> None:
+    beam.runner = RUNNER_CLASSES.get(beam.runner, beam.runner)
+    # A standing job server knows its Flink cluster; without one Beam starts its own for flink_master.
+    if beam.runner == "FlinkRunner" and not (beam.job_endpoint or beam.flink_master):
+        raise ConfigError("beam.runner FlinkRunner needs beam.job_endpoint (a standing job server, such as "
+                          "`mlops cluster flink start` prints) or beam.flink_master; set one in the config or with "
+                          "--set (README, \"Beam at scale\").")
     required = {
         "PortableRunner": ["job_endpoint"],
-        "FlinkRunner": ["flink_master"],
         "SparkRunner": ["spark_master_url"],
         "DataflowRunner": ["project", "region", "temp_location"],
     }.get(beam.runner, [])

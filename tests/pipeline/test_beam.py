@@ -42,6 +42,18 @@ def test_each_runner_gets_its_arguments(overrides, expected):
     assert args_for(*overrides) == [f"--runner={runner}", f"--setup_file={SETUP}", *expected]
 
 
+def test_short_runner_names_and_a_standing_flink_job_server():
+    """`beam.runner: flink` with the job server `mlops cluster flink start` prints, and its PROCESS command."""
+    args = args_for("beam.runner=flink", "beam.job_endpoint=127.0.0.1:8099", "beam.environment_type=PROCESS",
+                    "beam.environment_config=/srv/flink/sdk-worker", "beam.parallelism=2")
+    assert args == ["--runner=FlinkRunner", f"--setup_file={SETUP}", "--job_endpoint=127.0.0.1:8099",
+                    "--environment_type=PROCESS", '--environment_config={"command": "/srv/flink/sdk-worker"}',
+                    "--parallelism=2"]
+    assert args_for("beam.runner=direct")[0] == "--runner=DirectRunner"
+    assert args_for("beam.runner=dataflow", "beam.project=p", "beam.region=r",
+                    "beam.temp_location=gs://b/t")[0] == "--runner=DataflowRunner"
+
+
 @pytest.mark.parametrize("overrides, workers", [
     (["beam.direct_running_mode=in_memory"], "1"),
     (["beam.direct_running_mode=in_memory", "beam.direct_num_workers=4"], "1"),
@@ -54,7 +66,8 @@ def test_in_memory_runs_one_worker(overrides, workers):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["beam.runner=FlinkRunner"], "beam.runner FlinkRunner needs beam.flink_master"),
+    (["beam.runner=FlinkRunner"], r"beam.runner FlinkRunner needs beam.job_endpoint \(.*\) or beam.flink_master"),
+    (["beam.runner=flink"], r"beam.runner FlinkRunner needs beam.job_endpoint"),
     (["beam.runner=SparkRunner"], "beam.runner SparkRunner needs beam.spark_master_url"),
     (["beam.runner=PortableRunner", "beam.job_endpoint=localhost:8099"],
      "beam.environment_type DOCKER needs beam.environment_config"),

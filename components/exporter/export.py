@@ -114,6 +114,38 @@ def unrepresentable_variants(model: tf.keras.Model, variants: list[str]) -> dict
     return skipped
 
 
+def int8_clipped_rows(reference: np.ndarray, low: float, high: float, step: float) -> int:
+    """Eval rows whose SavedModel output lies more than one quantization step outside int8's calibrated range, so
+    the int8 variant clips it (within one step is rounding, which the degradation gate judges)."""
+    values = np.asarray(reference, dtype=np.float64)
+    beyond = np.maximum(values - high, low - values) > step
+    return int(np.count_nonzero(beyond.reshape(len(values), -1).any(axis=1))) if values.size else 0
+
+
+def unrepresentable_int8(built: dict[str, tuple[Path, Runner]], reference: np.ndarray, options: ExportConfig
+                         ) -> dict[str, str]:
+    """int8 when its ranges, calibrated on export.representative_rows training rows, cannot hold the SavedModel's
+    outputs on the eval rows: it would clip them whatever the tolerance, so it is dropped from `built`, not gated."""
+    if "tflite/int8" not in built:
+        return {}
+    path, runner = built["tflite/int8"]
+    calibrated = runner.output_range()
+    if calibrated is None:
+        return {}
+    low, high, step = calibrated
+    clipped = int8_clipped_rows(reference, low, high, step)
+    if not clipped:
+        return {}
+    del built["tflite/int8"]
+    path.unlink()
+    values = np.asarray(reference, dtype=np.float64)
+    return {"tflite/int8": (
+        f"not published: its output range calibrated on {options.representative_rows:,} training rows is "
+        f"[{low:,.6g}, {high:,.6g}], and {clipped:,} of {len(values):,} eval rows' outputs lie beyond it "
+        f"(from {values.min():,.6g} to {values.max():,.6g}), where int8 would clip them; raise "
+        f"export.representative_rows or leave int8 out of export.tflite_variants")}
+
+
 def export_formats(
     serving_model_dir: str,
     model: tf.keras.Model,
@@ -161,8 +193,6 @@ def _export_tflite_and_onnx(
         convert.ship_preprocessing(spec_path, str(folder), "python")
         converter = convert.tflite_converter(core_dir)
         skipped = unrepresentable_variants(module.model, variants)
-        for name, reason in skipped.items():
-            logging.warning("TFLite %s %s", name, reason)
         for variant in (v for v in variants if f"tflite/{v}" not in skipped):
             started = time.perf_counter()
             path = folder / f"model_{variant}.tflite"
@@ -324,6 +354,10 @@ def export_and_verify(
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
         skipped = unrepresentable_variants(model, options.tflite_variants) if "tflite" in options.formats else {}
+        if "tflite/int8" in built:
+            skipped |= unrepresentable_int8(built, built["saved_model"][1].predict(data.columns), options)
+        for name, reason in skipped.items():
+            logging.warning("TFLite %s %s", name.split("/")[1], reason)
         result = dataclasses.replace(
             verify(built, data, options, root=Path(staging), task=spec_task(spec), metric=metric),
             optimization=optimization, calibration=calibration, request=request, skipped=skipped,

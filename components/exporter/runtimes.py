@@ -49,6 +49,10 @@ class Runner:
     def predict(self, columns: Columns) -> np.ndarray:
         raise NotImplementedError
 
+    def output_range(self) -> tuple[float, float, float] | None:
+        """(lowest, highest, step) of the output when it is dequantized from int8 (TFLiteRunner); None otherwise."""
+        return None
+
     def predict_and_time(self, columns: Columns, timed_rows: int) -> tuple[np.ndarray, list[float]]:
         """Outputs for all rows, then the milliseconds of each of the first `timed_rows` rows sent alone."""
         outputs = self.predict(columns)
@@ -87,6 +91,19 @@ class TFLiteRunner(Runner):
 
     def predict(self, columns: Columns) -> np.ndarray:
         return as_rows(self._runner(**preprocess(self._spec, columns))[spec_output(self._spec)], _rows(columns))
+
+    def output_range(self) -> tuple[float, float, float] | None:
+        """The range calibration gave the int8 tensor the float output is dequantized from, and its step."""
+        output = self._runner.get_output_details()[spec_output(self._spec)]["index"]
+        producer = next((op for op in self._interpreter._get_ops_details()  # TFLite has no public view of its ops
+                         if op["op_name"] == "DEQUANTIZE" and output in op["outputs"]), None)
+        if producer is None:
+            return None
+        quantized = next(t for t in self._interpreter.get_tensor_details() if t["index"] == producer["inputs"][0])
+        scale, zero_point = quantized["quantization"]
+        if quantized["dtype"] != np.int8 or not scale:
+            return None
+        return scale * (-128 - zero_point), scale * (127 - zero_point), scale
 
 
 class OnnxRunner(Runner):

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -74,8 +75,10 @@ JUNK_MAX_VALUES = 5
 # A number is a sentinel (a missing-value code such as -999) when it fills at least this share of a numeric
 # column's filled cells ...
 SENTINEL_MIN_SHARE = 0.05
-# ... and lies beyond the column's other values by at least this many times their range (min to max).
-SENTINEL_MIN_GAP = 0.5
+# ... and lies beyond the column's other values either by at least this many times their interquartile range (9999
+# in an age column, 0 in a column of years), or below zero when none of them is (the -1, -99, -999 convention).
+# A spread, not the range, so a small count's top value (3 cars beside 0 to 2) stays a value.
+SENTINEL_MIN_GAP = 1.0
 # Date layouts init recognises: the regular expression of the date, the order of its fields and its separator
 # (day.month.year is day first; d/m/y against m/d/y is told apart by a field above 12).
 DATE_LAYOUTS = (
@@ -196,20 +199,25 @@ def propose_junk_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[str],
 
 def find_sentinel(profile: ColumnProfile) -> tuple[str, int, float, float] | None:
     """The most frequent number of an all-numeric column that lies far outside its other values (SENTINEL_MIN_GAP
-    times their range) in many rows (SENTINEL_MIN_SHARE of the filled cells): (the cell, its count, the other
-    values' lowest and highest), or None."""
+    times their interquartile range, or below zero when they are not) in many rows (SENTINEL_MIN_SHARE of the filled
+    cells): (the cell, its count, the other values' lowest and highest), or None."""
     if profile.types["string"] or not profile.values:
         return None
     filled = profile.types["int"] + profile.types["float"]
     for cell, count in profile.values.most_common():
         if count < SENTINEL_MIN_SHARE * filled:
             return None
-        others = [float(v) for v in profile.values if v != cell]
+        others = {float(v): n for v, n in profile.values.items() if v != cell}
         if len(others) < 2:
             continue
-        low, high = min(others), max(others)
-        value, spread = float(cell), max(others) - min(others)
-        if spread > 0 and max(low - value, value - high) >= SENTINEL_MIN_GAP * spread:
+        value, low, high = float(cell), min(others), max(others)
+        gap = max(low - value, value - high)
+        if gap <= 0:
+            continue
+        q1, _, q3 = statistics.quantiles([v for v, n in sorted(others.items()) for _ in range(n)], n=4,
+                                         method="inclusive")
+        spread = q3 - q1 or high - low
+        if gap >= SENTINEL_MIN_GAP * spread or (value < 0 <= low):
             return cell, count, low, high
     return None
 
@@ -755,7 +763,8 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
               file=out)
     for column, feature in read_header.renamed():
         print(f"  column {column!r} is the feature {feature!r} in the config, the model and its requests (every "
-              "export format takes lower-case letters, digits and _)", file=out)
+              "export format takes lower-case letters, digits and _; the project's clients and `mlops predict` take "
+              f"{column!r} too)", file=out)
     markers, marker_notes = propose_markers(profiles)
     for note in marker_notes:
         print(f"  missing-value marker {note}", file=out)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from serving.clients.errors import InvalidInputError, ServingError
+from settings.csv_header import feature_name
 
 FLOAT_DTYPES = frozenset({"DT_FLOAT", "DT_DOUBLE", "DT_HALF", "DT_BFLOAT16"})
 INT_DTYPES = frozenset({"DT_INT8", "DT_INT16", "DT_INT32", "DT_INT64", "DT_UINT8", "DT_UINT16"})
@@ -118,9 +119,11 @@ def rows_to_columns(
 ) -> dict[str, np.ndarray]:
     """Raw feature dicts as one array per signature input, in the declared dtype and shape.
 
-    A feature absent from a row counts as missing. A key the signature does not take is an error unless
-    `drop_unknown_features` (e.g. a label column in evaluation data).
+    A feature absent from a row counts as missing. A key may be the CSV column's own name ("Bill Length (mm)"): it
+    goes to the input that column became (`bill_length_mm`, settings/csv_header.py). A key the signature does not take
+    is an error unless `drop_unknown_features` (e.g. a label column in evaluation data).
     """
+    rows = [_by_feature_name(row, inputs) for row in rows]
     if not drop_unknown_features:
         for index, row in enumerate(rows):
             unknown = sorted(set(row) - set(inputs))
@@ -138,6 +141,18 @@ def rows_to_columns(
             array = array.reshape(-1, 1)  # models exported with [batch, 1] features
         columns[name] = array
     return columns
+
+
+def _by_feature_name(row: Mapping[str, Any], inputs: Mapping[str, TensorSpec]) -> Mapping[str, Any]:
+    """`row` with each key the signature does not take, but whose column became one of its inputs, renamed to it."""
+    renamed = {key: feature_name(key) for key in row if key not in inputs and feature_name(key) in inputs}
+    if not renamed:
+        return row
+    taken = [key for key, name in renamed.items() if name in row or list(renamed.values()).count(name) > 1]
+    if taken:
+        raise InvalidInputError(f"The keys {sorted(taken)} name the same input twice; send each input once.",
+                                "INVALID_ARGUMENT")
+    return {renamed.get(key, key): value for key, value in row.items()}
 
 
 def parse_signature_defs(signature_defs: Mapping[str, Any]) -> dict[str, SignatureSpec]:

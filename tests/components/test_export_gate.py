@@ -12,6 +12,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from components.exporter import export
+from components.exporter.convert import export_tflite
 from components.exporter.export import (
     FLOAT_ARTIFACTS,
     EvalData,
@@ -19,10 +20,12 @@ from components.exporter.export import (
     check_artifact,
     export_and_verify,
     gate_message,
+    int8_clipped_rows,
+    unrepresentable_int8,
     unrepresentable_variants,
     verify,
 )
-from components.exporter.runtimes import Runner
+from components.exporter.runtimes import Runner, TFLiteRunner
 from components.tasks import Task
 from reports.model_reports import table_lines
 from reports.records import ArtifactCheck, ArtifactRow, ExportReport, ExportTask, OptimizationReport
@@ -352,3 +355,61 @@ def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the
     assert list(report) == list(written) and list(report["task"]) == list(written["task"])
     assert [list(row) for row in report["artifacts"]] == [list(row) for row in written["artifacts"][:2]]
     assert result.passed and (output_dir / "model1.bin").is_file()
+
+
+@pytest.mark.parametrize("value, clipped", [(12.0, 0), (12.01, 1), (-2.0, 0), (-2.01, 1)])
+def test_an_output_more_than_one_step_beyond_int8s_calibrated_range_counts_as_clipped(value, clipped):
+    # Range [0, 10], step 2: up to one step beyond is rounding, which the degradation gate judges.
+    reference = np.array([0.0, 5.0, 10.0, value])
+    assert int8_clipped_rows(reference, 0.0, 10.0, 2.0) == clipped
+    # A multiclass row counts once, however many of its probabilities lie beyond.
+    assert int8_clipped_rows(np.array([[value, value], [1.0, 1.0]]), 0.0, 10.0, 2.0) == clipped
+
+
+def int8_regression(folder: Path, calibration_inputs: np.ndarray) -> Path:
+    """A regression (value = 1000 x + 5000, as a label scale puts a price in dollars) converted to int8 with its
+    ranges calibrated on `calibration_inputs`."""
+    import tensorflow as tf
+
+    class Regression(tf.Module):
+        def __init__(self):
+            self.weight, self.bias = tf.Variable([[1000.0]]), tf.Variable([5000.0])
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+        def serve(self, x):
+            return {"value": tf.matmul(x, self.weight) + self.bias}
+
+    module = Regression()
+    tf.saved_model.save(module, str(folder / "core"), signatures={"serving_default": module.serve})
+    path = folder / "model_int8.tflite"
+    rows = calibration_inputs.astype(np.float32).reshape(-1, 1, 1)
+    export_tflite(str(folder / "core"), "int8", str(path), lambda: ({"x": row} for row in rows))
+    return path
+
+
+def test_an_int8_variant_whose_calibration_cannot_hold_the_eval_outputs_is_not_published(tmp_path):
+    path = int8_regression(tmp_path, np.linspace(0.0, 1.0, 50))
+    runner = TFLiteRunner(str(path), {"features": [], "task": {"kind": "regression", "output": "value"}})
+    low, high, step = runner.output_range()
+    # Calibrated on x in [0, 1]: outputs up to 6,000, in a range TFLite widens to hold zero, 255 steps of about 24.
+    assert low == pytest.approx(0, abs=step) and high == pytest.approx(6000, abs=2 * step)
+    assert step == pytest.approx(6000 / 255, rel=0.05)
+    built = {"saved_model": (tmp_path, None), "tflite/int8": (path, runner)}
+    inside = np.array([5000.0, 5500.0, high + step])
+    assert unrepresentable_int8(built, inside, options()) == {} and path.is_file()
+    # Eval rows reach x = 3 (8,000), beyond what 1,000 training rows calibrated: int8 would answer about 6,000.
+    skipped = unrepresentable_int8(built, np.array([5000.0, 5500.0, 8000.0]), options(representative_rows=1000))
+    assert skipped == {"tflite/int8": (
+        f"not published: its output range calibrated on 1,000 training rows is [{low:,.6g}, {high:,.6g}], and 1 of "
+        "3 eval rows' outputs lie beyond it (from 5,000 to 8,000), where int8 would clip them; raise "
+        "export.representative_rows or leave int8 out of export.tflite_variants")}
+    assert "tflite/int8" not in built and not path.exists()
+
+
+def test_only_an_output_dequantized_from_int8_has_a_calibrated_range(tmp_path):
+    path = int8_regression(tmp_path, np.linspace(0.0, 1.0, 50))
+    export_tflite(str(tmp_path / "core"), "float32", str(tmp_path / "float32.tflite"))
+    spec = {"features": [], "task": {"kind": "regression", "output": "value"}}
+    assert TFLiteRunner(str(tmp_path / "float32.tflite"), spec).output_range() is None
+    assert TFLiteRunner(str(path), spec).output_range() is not None
+    assert FixedRunner(np.zeros(3)).output_range() is None

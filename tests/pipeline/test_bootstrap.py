@@ -393,21 +393,28 @@ def numeric_profile(name: str, cells: list[str]) -> ColumnProfile:
 
 
 @pytest.mark.parametrize("code, repeats, found", [
-    # 100 filled cells: the other values 0..100 (range 100); a code 0.5 x 100 below them in 5% of the cells is one.
-    ("-50", 5, True),
-    ("-49", 5, False),   # just less than SENTINEL_MIN_GAP times the range away: a value
-    ("-50", 4, False),   # in just less than SENTINEL_MIN_SHARE of the cells: a few outliers (a long tail), no code
-    ("150", 5, True),    # above the others as well as below
+    # The other values 10..109, once each: quartiles 34.75 and 84.25, so one interquartile range is 49.5.
+    ("158.5", 6, True),   # 49.5 above the highest other value, in 6 of 106 cells (5.7%): a code
+    ("158.4", 6, False),  # just less than SENTINEL_MIN_GAP times the spread away: a value
+    ("158.5", 5, False),  # in 5 of 105 cells, just under SENTINEL_MIN_SHARE: a few outliers (a long tail), no code
+    ("-39.5", 6, True),   # as far below
+    ("-1", 6, True),      # close below, but below zero where no other value is: the -1 / -999 convention
+    ("5", 6, False),      # close below and not below zero: the bottom of the values
 ])
 def test_a_sentinel_is_a_number_far_outside_the_others_in_many_rows_just_inside_each_threshold(code, repeats, found):
-    assert (SENTINEL_MIN_GAP, SENTINEL_MIN_SHARE) == (0.5, 0.05)
-    others = [str(v) for v in range(100 - repeats - 1)] + ["100"]
-    cells = others + [code] * repeats
-    assert len(cells) == 100 and min(map(float, others)) == 0 and max(map(float, others)) == 100
-    profile = numeric_profile("mass", cells)
-    assert (find_sentinel(profile) is not None) is found
-    if found:
-        assert find_sentinel(profile) == (code, repeats, 0.0, 100.0)
+    assert (SENTINEL_MIN_GAP, SENTINEL_MIN_SHARE) == (1.0, 0.05)
+    others = [str(v) for v in range(10, 110)]
+    profile = numeric_profile("mass", others + [code] * repeats)
+    assert find_sentinel(profile) == ((code, repeats, 10.0, 109.0) if found else None)
+
+
+def test_a_small_counts_top_value_and_a_negative_column_have_no_sentinel():
+    # 0 to 3 cars, 3 in a quarter of the rows: one step above 0..2 is not far outside them.
+    cars = numeric_profile("garage_cars", ["0"] * 25 + ["1"] * 25 + ["2"] * 25 + ["3"] * 25)
+    assert find_sentinel(cars) is None
+    # Temperatures below and above zero: -1 in many rows is one of them, however far it is from the rest.
+    temperatures = numeric_profile("temperature", [str(v) for v in range(-5, 95)] + ["-40"] * 10)
+    assert find_sentinel(temperatures) is None
 
 
 def test_sentinels_are_proposed_with_their_share_and_range_unless_another_column_holds_them():

@@ -23,6 +23,7 @@ from tensorflow_serving.apis import (
 
 import serving.clients.protos as protos_module
 from serving.clients import TensorSpec, rows_to_columns
+from serving.clients.errors import InvalidInputError
 from serving.clients.protos import (
     ModelServiceStub,
     PredictionServiceStub,
@@ -238,3 +239,14 @@ print(before, request.inputs["x"].SerializeToString() == ours, float(tf.reduce_s
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["False", "True", "3.0"]
 
+
+
+def test_a_row_may_use_the_csv_columns_own_names():
+    # "Trip Start Hour" became the input trip_start_hour (settings/csv_header.py): a row from the user's CSV works.
+    rows = [{"FARE": 1.0, "Trip Start Hour": 2, "payment_type": "Cash"}]
+    assert {name: column.tolist() for name, column in rows_to_columns(rows, TINY_INPUTS).items()} == {
+        "fare": [1.0], "trip_start_hour": [2], "payment_type": ["Cash"]}
+    with pytest.raises(InvalidInputError, match=r"The keys \['Fare'\] name the same input twice"):
+        rows_to_columns([{"fare": 1.0, "Fare": 2.0}], TINY_INPUTS)
+    with pytest.raises(InvalidInputError, match=r"features the model does not take: \['Tip'\]"):
+        rows_to_columns([{"fare": 1.0, "Tip": 2.0}], TINY_INPUTS)

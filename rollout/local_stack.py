@@ -229,9 +229,11 @@ def haproxy_config(stack_dir: Path, rest_port: int, grpc_port: int, servers: lis
     return "\n".join(lines)
 
 
-def prometheus_config(targets: dict[str, list[str]], scrape_interval_s: float, track_label: str = "track") -> str:
+def prometheus_config(targets: dict[str, list[str]], scrape_interval_s: float, track_label: str = "track",
+                      target_labels: dict[str, str] | None = None) -> str:
+    """Scrapes each track's servers with the track as a label, and `target_labels` (a cluster's namespace) beside."""
     interval = f"{max(100, int(scrape_interval_s * 1000))}ms"
-    static = [{"targets": addresses, "labels": {track_label: track}}
+    static = [{"targets": addresses, "labels": {**(target_labels or {}), track_label: track}}
               for track, addresses in targets.items() if addresses]
     config = {"global": {"scrape_interval": interval, "scrape_timeout": interval},
               "scrape_configs": [{"job_name": "tfserving", "metrics_path": METRICS_PATH, "scrape_interval": interval,
@@ -377,13 +379,14 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
 
 def run_prometheus(folder: Path, targets: dict[str, list[str]], scrape_interval_s: float, port: int = 0,
                    track_label: str = "track", executable: str = "", started: list[int] | None = None,
-                   ) -> tuple[subprocess.Popen, str]:
+                   target_labels: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Prometheus on 127.0.0.1:`port` (0: a free one) scraping `targets` (track -> host:port of TF Serving REST
-    ports) with the track as a target label; returns once it has scraped every target. Its pid joins `started`."""
+    ports) with the track and `target_labels` as target labels; returns once it has scraped every target. Its pid
+    joins `started`."""
     folder.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config = folder / "prometheus.yml"
-    config.write_text(prometheus_config(targets, scrape_interval_s, track_label))
+    config.write_text(prometheus_config(targets, scrape_interval_s, track_label, target_labels))
     log = folder / "prometheus.log"
     process = _spawn([executable or binaries()["prometheus"], f"--config.file={config}",
                       f"--storage.tsdb.path={folder / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{port}",

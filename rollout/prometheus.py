@@ -206,9 +206,10 @@ class PrometheusSource(MetricsSource):
         return {"times": times, "tracks": tracks}
 
 
-def source_for(settings) -> PrometheusSource | None:
-    """The configured Prometheus (`rollout.prometheus`), or None when its url is empty."""
+def source_for(settings, default_selector: str = "") -> PrometheusSource | None:
+    """The configured Prometheus (`rollout.prometheus`), or None when its url is empty; `default_selector` stands
+    in for an empty rollout.prometheus.selector."""
     if not settings.url:
         return None
-    return PrometheusSource(settings.url, settings.track_label, settings.selector, settings.scrape_interval_seconds,
-                            settings.request_timeout_seconds)
+    return PrometheusSource(settings.url, settings.track_label, settings.selector or default_selector,
+                            settings.scrape_interval_seconds, settings.request_timeout_seconds)

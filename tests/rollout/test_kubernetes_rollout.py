@@ -131,6 +131,21 @@ def test_the_kubernetes_backend_refuses_to_verify_without_prometheus():
         build_backend(load_config(None, ["rollout.backend=kubernetes"]))
 
 
+@pytest.mark.parametrize("backend, overrides, selector", [
+    ("kubernetes", [], 'namespace="mlops-serving"'),
+    ("kubedl", ["rollout.kubedl.namespace=team-a"], 'namespace="team-a"'),
+    ("kubernetes", ['rollout.prometheus.selector=job="tfserving"'], 'job="tfserving"'),
+    ("local", [], ""),
+])
+def test_on_a_cluster_prometheus_selects_the_rollouts_namespace_unless_told_otherwise(backend, overrides, selector):
+    from rollout.factory import metrics_source
+
+    config = load_config(None, [f"rollout.backend={backend}", "rollout.prometheus.url=http://127.0.0.1:9", *overrides])
+    metrics = metrics_source(config.rollout)
+    assert metrics.selector == selector
+    assert metrics.matchers() == ",".join(['track=~"stable|canary"', *([selector] if selector else [])])
+
+
 def test_a_changed_or_unreachable_version_is_refused_before_anything_is_written(cluster):
     """The repository the pods serve, as the controller sees it (the rollout Job mounts its claim): a version whose
     files changed after publishing, or a repository that is not there, is refused with nothing loaded or routed."""

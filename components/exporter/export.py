@@ -122,10 +122,10 @@ def int8_clipped_rows(reference: np.ndarray, low: float, high: float, step: floa
     return int(np.count_nonzero(beyond.reshape(len(values), -1).any(axis=1))) if values.size else 0
 
 
-def unrepresentable_int8(built: dict[str, tuple[Path, Runner]], reference: np.ndarray, options: ExportConfig
+def unrepresentable_int8(built: dict[str, tuple[Path, Runner]], reference: np.ndarray, calibration_rows: int
                          ) -> dict[str, str]:
-    """int8 when its ranges, calibrated on export.representative_rows training rows, cannot hold the SavedModel's
-    outputs on the eval rows: it would clip them whatever the tolerance, so it is dropped from `built`, not gated."""
+    """int8 when its ranges, calibrated on `calibration_rows` training rows, cannot hold the SavedModel's outputs on
+    the eval rows: it would clip them whatever the tolerance, so it is dropped from `built`, not gated."""
     if "tflite/int8" not in built:
         return {}
     path, runner = built["tflite/int8"]
@@ -140,7 +140,7 @@ def unrepresentable_int8(built: dict[str, tuple[Path, Runner]], reference: np.nd
     path.unlink()
     values = np.asarray(reference, dtype=np.float64)
     return {"tflite/int8": (
-        f"not published: its output range calibrated on {options.representative_rows:,} training rows is "
+        f"not published: its output range calibrated on {calibration_rows:,} training rows is "
         f"[{low:,.6g}, {high:,.6g}], and {clipped:,} of {len(values):,} eval rows' outputs lie beyond it "
         f"(from {values.min():,.6g} to {values.max():,.6g}), where int8 would clip them; raise "
         f"export.representative_rows or leave int8 out of export.tflite_variants")}
@@ -355,7 +355,8 @@ def export_and_verify(
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
         skipped = unrepresentable_variants(model, options.tflite_variants) if "tflite" in options.formats else {}
         if "tflite/int8" in built:
-            skipped |= unrepresentable_int8(built, built["saved_model"][1].predict(data.columns), options)
+            calibration_rows = len(next(iter(data.representative.values()))) if data.representative else 0
+            skipped |= unrepresentable_int8(built, built["saved_model"][1].predict(data.columns), calibration_rows)
         for name, reason in skipped.items():
             logging.warning("TFLite %s %s", name.split("/")[1], reason)
         result = dataclasses.replace(

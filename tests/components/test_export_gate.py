@@ -396,9 +396,9 @@ def test_an_int8_variant_whose_calibration_cannot_hold_the_eval_outputs_is_not_p
     assert step == pytest.approx(6000 / 255, rel=0.05)
     built = {"saved_model": (tmp_path, None), "tflite/int8": (path, runner)}
     inside = np.array([5000.0, 5500.0, high + step])
-    assert unrepresentable_int8(built, inside, options()) == {} and path.is_file()
+    assert unrepresentable_int8(built, inside, 1000) == {} and path.is_file()
     # Eval rows reach x = 3 (8,000), beyond what 1,000 training rows calibrated: int8 would answer about 6,000.
-    skipped = unrepresentable_int8(built, np.array([5000.0, 5500.0, 8000.0]), options(representative_rows=1000))
+    skipped = unrepresentable_int8(built, np.array([5000.0, 5500.0, 8000.0]), 1000)
     assert skipped == {"tflite/int8": (
         f"not published: its output range calibrated on 1,000 training rows is [{low:,.6g}, {high:,.6g}], and 1 of "
         "3 eval rows' outputs lie beyond it (from 5,000 to 8,000), where int8 would clip them; raise "
@@ -413,3 +413,31 @@ def test_only_an_output_dequantized_from_int8_has_a_calibrated_range(tmp_path):
     assert TFLiteRunner(str(tmp_path / "float32.tflite"), spec).output_range() is None
     assert TFLiteRunner(str(path), spec).output_range() is not None
     assert FixedRunner(np.zeros(3)).output_range() is None
+
+
+def test_export_and_verify_publishes_without_an_int8_variant_that_clips_and_says_why(tmp_path, eval_set, monkeypatch):
+    class ClippingRunner(FixedRunner):
+        def output_range(self):
+            return 0.0, 0.5, 0.01  # calibrated on rows whose scores stayed below one half
+
+    output_dir = tmp_path / "version"
+    output_dir.mkdir()
+    _, data = stand_in_artifacts(tmp_path / "unused", eval_set, 0.9 * MAX_ABS_DIFF, (0.021, 0.03))
+    data.representative = {"row": np.arange(10)}
+
+    def export_formats(*args):
+        built = stand_in_artifacts(Path(args[3]), eval_set, 0.9 * MAX_ABS_DIFF, (0.021, 0.03))[0]
+        path, runner = built["tflite/int8"]
+        built["tflite/int8"] = (path, ClippingRunner(runner.probabilities))
+        return built
+
+    monkeypatch.setattr(export, "export_formats", export_formats)
+    result = export_and_verify("serving_model", tiny_model(), {"features": []}, data, str(output_dir), options())
+    # Its AUC drop (0.021 or more) would have failed the gate: it is left out with the reason instead.
+    clipped = int(np.count_nonzero(eval_set[0] > 0.51))
+    assert result.passed and [row.artifact for row in result.artifacts] == ["saved_model", "onnx"]
+    assert result.skipped["tflite/int8"].startswith(
+        f"not published: its output range calibrated on 10 training rows is [0, 0.5], and {clipped:,} of 2,000 eval "
+        "rows' outputs lie beyond it")
+    assert not (output_dir / "model2.bin").exists()
+    assert json.loads((output_dir / "export_report.json").read_text())["skipped"] == result.skipped

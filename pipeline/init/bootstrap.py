@@ -8,6 +8,7 @@ reason, for a person to review.
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import os
 import re
@@ -217,7 +218,9 @@ def find_sentinel(profile: ColumnProfile) -> tuple[str, int, float, float] | Non
         q1, _, q3 = statistics.quantiles([v for v, n in sorted(others.items()) for _ in range(n)], n=4,
                                          method="inclusive")
         spread = q3 - q1 or high - low
-        if gap >= SENTINEL_MIN_GAP * spread or (value < 0 <= low):
+        # Also wider than any step between the other values: class ids 0, 1, 2 are evenly spaced, not a code.
+        widest_step = max(b - a for a, b in itertools.pairwise(sorted(others)))
+        if (gap >= SENTINEL_MIN_GAP * spread and gap > widest_step) or (value < 0 <= low):
             return cell, count, low, high
     return None
 

@@ -412,7 +412,11 @@ def test_a_small_counts_top_value_and_a_negative_column_have_no_sentinel():
     # 0 to 3 cars, 3 in a quarter of the rows: one step above 0..2 is not far outside them.
     cars = numeric_profile("garage_cars", ["0"] * 25 + ["1"] * 25 + ["2"] * 25 + ["3"] * 25)
     assert find_sentinel(cars) is None
-    # Temperatures below and above zero: -1 in many rows is one of them, however far it is from the rest.
+    # Class ids 0, 1, 2 (iris' target), 0 in a third of the rows: evenly spaced with the others, not a code.
+    assert find_sentinel(numeric_profile("target", ["0"] * 50 + ["1"] * 50 + ["2"] * 50)) is None
+    # Just beyond the widest step (and the interquartile range, 1): a code again.
+    assert find_sentinel(numeric_profile("target", ["8.9"] * 50 + ["10"] * 50 + ["11"] * 50)) == ("8.9", 50, 10, 11)
+    # Temperatures below and above zero: -40 in many rows is one of them, however far it is from the rest.
     temperatures = numeric_profile("temperature", [str(v) for v in range(-5, 95)] + ["-40"] * 10)
     assert find_sentinel(temperatures) is None
 

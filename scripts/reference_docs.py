@@ -47,9 +47,10 @@ class Section:
     keys: list[Key]
 
 
-def _field_comments(cls: type) -> tuple[dict[str, str], dict[str, str]]:
-    """Each field's comment (the comment lines right above it, or one at the end of its line) and its annotation as
-    written, from the class's source."""
+def _field_comments(cls: type) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The class's own docstring (not the signature @dataclass puts in __doc__ when it has none), each field's comment
+    (the comment lines right above it, or one at the end of its line) and its annotation as written, from the
+    class's source."""
     lines, _ = inspect.getsourcelines(cls)
     source = textwrap.dedent("".join(lines))
     tree = ast.parse(source).body[0]
@@ -67,7 +68,7 @@ def _field_comments(cls: type) -> tuple[dict[str, str], dict[str, str]]:
             row -= 1
         inline = source_lines[node.lineno - 1].partition("  # ")[2].strip()
         comments[name] = " ".join(above + ([inline] if inline else []))
-    return comments, annotations
+    return " ".join((ast.get_docstring(tree) or "").split()), comments, annotations
 
 
 def _default(value: dataclasses.Field) -> Any:
@@ -99,9 +100,9 @@ def config_sections(root: type | None = None, path: str = "") -> list[Section]:
     """Every section of the configuration, depth first, with each of its keys."""
     from settings.config import PipelineConfig
     root = root or PipelineConfig
-    comments, annotations = _field_comments(root)
+    docstring, comments, annotations = _field_comments(root)
     hints = typing.get_type_hints(root)
-    section = Section(path, root, " ".join((inspect.getdoc(root) or "").split()), [])
+    section = Section(path, root, docstring, [])
     nested = []
     for value in dataclasses.fields(root):
         key = f"{path}.{value.name}" if path else value.name
@@ -193,14 +194,14 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
         level = "#" * min(2 + name.count(" ") - 1, 4)
         out += [f"{level} `{name}`", "", _cell(sub.description or help_text), ""]
         sub.prog = name
-        out += ["```", sub.format_usage().removeprefix("usage: ").strip(), "```", ""]
+        out += ["```", " ".join(sub.format_usage().removeprefix("usage: ").split()), "```", ""]
         flags = _flags(sub)
         if flags:
             out += ["| argument | default | description |", "|---|---|---|"]
             for action in flags:
                 default = "" if action.default in (None, False, [], argparse.SUPPRESS) else _yaml(action.default)
                 choices = f" (one of {', '.join(map(str, action.choices))})" if action.choices else ""
-                required = " Required." if action.required and action.option_strings else ""
+                required = " (required)" if action.required and action.option_strings else ""
                 out.append(f"| `{_cell(_flag_name(action))}` | {_cell(default)} | "
                            f"{_cell((action.help or '') % {'default': action.default})}{choices}{required} |")
             out.append("")

@@ -126,6 +126,13 @@ def undescribed_config(sections: list[Section]) -> list[str]:
                       for s in sections for k in s.keys if not k.description]
 
 
+def _prose(text: str) -> str:
+    """Text from a comment or a help string as Markdown: `<name>` placeholders outside code spans are escaped, so the
+    page shows them instead of swallowing them as HTML tags."""
+    pieces = text.split("`")
+    return "`".join(p.replace("<", "&lt;").replace(">", "&gt;") if i % 2 == 0 else p for i, p in enumerate(pieces))
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -140,11 +147,11 @@ def configuration_page(sections: list[Section]) -> str:
            "the key and lists the valid ones.", ""]
     for section in sections:
         title = section.path or "top level"
-        out += [f"## `{title}`" if section.path else "## Top level", "", section.description, ""]
+        out += [f"## `{title}`" if section.path else "## Top level", "", _prose(section.description), ""]
         if not section.keys:
             continue
         out += ["| key | type | default | description |", "|---|---|---|---|"]
-        out += [f"| `{k.path}` | `{_cell(k.type)}` | {_cell(k.default)} | {_cell(k.description)} |"
+        out += [f"| `{k.path}` | `{_cell(k.type)}` | {_cell(k.default)} | {_cell(_prose(k.description))} |"
                 for k in section.keys]
         out.append("")
     return "\n".join(out)
@@ -192,7 +199,7 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
            "`register` function of each package's `cli.py`). `mlops <command> --help` prints the same.", ""]
     for name, sub, help_text in _commands(parser, "mlops"):
         level = "#" * min(2 + name.count(" ") - 1, 4)
-        out += [f"{level} `{name}`", "", _cell(sub.description or help_text), ""]
+        out += [f"{level} `{name}`", "", _cell(_prose(sub.description or help_text)), ""]
         sub.prog = name
         out += ["```", " ".join(sub.format_usage().removeprefix("usage: ").split()), "```", ""]
         flags = _flags(sub)
@@ -203,10 +210,10 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
                 choices = f" (one of {', '.join(map(str, action.choices))})" if action.choices else ""
                 required = " (required)" if action.required and action.option_strings else ""
                 out.append(f"| `{_cell(_flag_name(action))}` | {_cell(default)} | "
-                           f"{_cell((action.help or '') % {'default': action.default})}{choices}{required} |")
+                           f"{_cell(_prose((action.help or '') % {'default': action.default}))}{choices}{required} |")
             out.append("")
         if sub.epilog:
-            out += [_cell(sub.epilog), ""]
+            out += [_cell(_prose(sub.epilog)), ""]
     return "\n".join(out)
 
 
@@ -233,7 +240,7 @@ def exit_codes_page(errors: list[tuple[str, str, int, str]]) -> str:
            "stderr, and the command exits with the error's code. The errors, generated from the code (each class "
            "that sets `exit_code`):", "",
            "| exit code | error | where | what it means |", "|---|---|---|---|"]
-    out += [f"| {code} | `{name}` | `{path}` | {_cell(doc)} |"
+    out += [f"| {code} | `{name}` | `{path}` | {_cell(_prose(doc))} |"
             for path, name, code, doc in sorted(errors, key=lambda e: (e[2], e[0], e[1]))]
     out += ["", "Commands whose exit code also reports a verdict say so in their own help, printed here as on "
             "[the command line page](cli.md): `mlops monitor` (3: a threshold crossed; 4: the retraining run "
@@ -250,15 +257,15 @@ def metrics_page() -> str:
            "## The servers", "",
            "`mlops serve` and the `mlops log-proxy` sidecar serve these at `/monitoring/prometheus/metrics` "
            "(`serving/server/monitoring.py`):", "",
-           inspect.getdoc(serving_metrics) or "", "",
+           _prose(inspect.getdoc(serving_metrics) or ""), "",
            "## What the rollout controller reads", "", "`rollout/metrics.py`:", "",
-           inspect.getdoc(rollout_metrics) or "", "",
+           _prose(inspect.getdoc(rollout_metrics) or ""), "",
            "## `mlops monitor`'s gauges", "",
            "Written to `metrics.prom` beside each monitor record, to `<monitoring.output_dir>/<model>.prom` for "
            "node-exporter's textfile collector, and PUT to a Pushgateway when one is set "
            "(`monitoring/prometheus.py`):", "",
            "| gauge | what |", "|---|---|"]
-    out += [f"| `{monitor_metrics.PREFIX}_{name}` | {_cell(text)} |" for name, text in monitor_metrics.GAUGES.items()]
+    out += [f"| `{monitor_metrics.PREFIX}_{name}` | {_cell(_prose(text))} |" for name, text in monitor_metrics.GAUGES.items()]
     return "\n".join(out) + "\n"
 
 

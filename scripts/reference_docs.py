@@ -265,7 +265,8 @@ def metrics_page() -> str:
            "node-exporter's textfile collector, and PUT to a Pushgateway when one is set "
            "(`monitoring/prometheus.py`):", "",
            "| gauge | what |", "|---|---|"]
-    out += [f"| `{monitor_metrics.PREFIX}_{name}` | {_cell(_prose(text))} |" for name, text in monitor_metrics.GAUGES.items()]
+    out += [f"| `{monitor_metrics.PREFIX}_{name}` | {_cell(_prose(text))} |"
+            for name, text in monitor_metrics.GAUGES.items()]
     return "\n".join(out) + "\n"
 
 

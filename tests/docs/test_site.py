@@ -8,6 +8,7 @@ import functools
 import http.server
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def site(tmp_path_factory) -> Path:
     assert written.returncode == 0, written.stderr
     out = tmp_path_factory.mktemp("site")
     built = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(out)], cwd=REPO, capture_output=True,
-                           text=True, timeout=900)
+                           text=True, timeout=900, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stderr[-6000:]}"
     return out
 

@@ -242,9 +242,11 @@ def exit_codes_page(errors: list[tuple[str, str, int, str]]) -> str:
            "| exit code | error | where | what it means |", "|---|---|---|---|"]
     out += [f"| {code} | `{name}` | `{path}` | {_cell(_prose(doc))} |"
             for path, name, code, doc in sorted(errors, key=lambda e: (e[2], e[0], e[1]))]
-    out += ["", "Commands whose exit code also reports a verdict say so in their own help, printed here as on "
-            "[the command line page](cli.md): `mlops monitor` (3: a threshold crossed; 4: the retraining run "
-            "failed) and `mlops run` (3: the data-validation gate found anomalies, `AnomaliesFound` above).", ""]
+    out += ["", "Commands whose exit code also reports a verdict: `mlops run` 3 when the data-validation gate found "
+            "anomalies (`DataValidationError` above); `mlops monitor` 3 when a threshold was crossed and 4 when the "
+            "retraining run failed (its help, on [the command line page](cli.md)); `mlops rollout` 3 when the "
+            "rollout was rolled back, 4 when it paused, 143 when SIGTERM stopped it "
+            "([what to do about each](../operations/rollouts.md)).", ""]
     return "\n".join(out)
 
 

@@ -129,7 +129,8 @@ def test_the_site_holds_every_section_and_the_generated_reference(site):
         for action in reference_docs._flags(sub):
             assert all(option in cli for option in action.option_strings), (name, action.option_strings)
     codes = (site / "reference/exit-codes.html").read_text()
-    assert "<code>AnomaliesFound</code>" in codes and "<code>ConfigError</code>" in codes
+    for code, name in ((3, "DataValidationError"), (2, "ConfigError"), (1, "PipelineError")):
+        assert f"<td>{code}</td>\n<td><code>{name}</code></td>" in codes, name
     assert "<code>mlops_monitor_threshold_crossed</code>" in (site / "reference/metrics.html").read_text()
 
 

@@ -34,13 +34,14 @@ PYTEST_ARGS ?=
 # Extra flags for `make notebooks`, e.g. --no-browser --port=8899 (or --allow-root inside a container).
 NOTEBOOK_ARGS ?=
 
-.PHONY: help setup flink lock demo test lint clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
+.PHONY: help setup flink lock demo test lint docs clean notebooks notebooks-refresh mutation bench-data deploy-deps image-deps \
   image-test controlplane envoy-gateway
 
 help:
 	@echo "make demo   set up, then run the pipeline on the embedded Chicago taxi data"
 	@echo "make test   set up, then run the whole test suite"
 	@echo "make lint   ruff over the code"
+	@echo "make docs   the documentation site into site/ (strict: any warning fails)"
 	@echo "make flink  Flink 1.19 (PyPI) into .venv-flink and Beam's Flink job server (Maven) for mlops cluster flink"
 	@echo "make lock   re-resolve requirements.in into requirements.lock"
 	@echo "make notebooks          Jupyter in .venv on notebooks/ (the TensorFlow topics, taught by running code)"
@@ -162,7 +163,7 @@ demo: setup
 
 # The test control plane: etcd, kube-apiserver and kube-controller-manager built from source at the versions of
 # tools/controlplane/go.mod into .cache/controlplane, with the CRDs of tools/controlplane/crds/go.mod (the build script
-# skips itself when they are up to date; README, "Tests", gives the cold build's time and memory).
+# skips itself when they are up to date; docs/getting-started.md gives the cold build's time and memory).
 controlplane:
 	tools/controlplane/build.sh
 
@@ -196,4 +197,12 @@ bench-data: setup
 	$(PY) -m benchmarks.data_stages --scales $(BENCH_SCALES)
 
 clean:
-	rm -rf outputs
+	rm -rf outputs site
+
+# The documentation site, in strict mode (a broken link, an unknown anchor or a page outside the nav fails): the
+# reference pages are written from the code first with .venv's python (scripts/reference_docs.py), then MkDocs
+# (.venv-tools, pinned to 1.6: Material's banner about MkDocs 2.0 is switched off) builds site/.
+# tests/docs/test_site.py builds it too, so `make test` does.
+docs: $(STAMP) $(TOOLS_STAMP)
+	$(PY) scripts/reference_docs.py
+	NO_MKDOCS_2_WARNING=1 $(TOOLS_VENV)/bin/mkdocs build --strict

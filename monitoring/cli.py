@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction,
              "data.path; the new version is blessed and published as usual, and rolled out with `mlops rollout "
              "start`. Skipped when a retrain for the same serving version started within "
              "monitoring.retrain_cooldown_hours. It runs the local pipeline, not Kubeflow: the cluster's CronJob "
-             "does not pass it (k8s/serving/README.md)")
+             "does not pass it (docs/tutorials/monitoring.md)")
     monitor.set_defaults(handler=monitor_command)
 
 

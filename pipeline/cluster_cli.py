@@ -1,5 +1,5 @@
 """`mlops cluster flink start|stop|status`: a standing Flink cluster on this machine for the Beam stages
-(pipeline/flink_cluster.py; README, "Beam at scale")."""
+(pipeline/flink_cluster.py; docs/concepts/beam.md)."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction,
                                                     "`flink start|stop|status`")
     engines = cluster.add_subparsers(dest="engine", required=True)
     flink = engines.add_parser("flink", help="Apache Flink: a JobManager, TaskManagers and Beam's Flink job server")
-    flink.add_argument("action", choices=["start", "stop", "status"])
+    flink.add_argument("action", choices=["start", "stop", "status"],
+                       help="start the cluster, stop the processes it started, or print their state")
     add_config_args(flink)
     flink.add_argument("--json", action="store_true", help="with status: print JSON")
     cluster.set_defaults(handler=cluster_command)

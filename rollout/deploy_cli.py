@@ -12,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction,
     deploy = subparsers.add_parser(
         "deploy", help="run the serving stack: `local` starts the stable and canary servers, HAProxy and Prometheus")
     targets = deploy.add_subparsers(dest="target", required=True)
-    local = targets.add_parser("local", help="the stack on this machine (see README, \"Deploy on this machine\")")
+    local = targets.add_parser("local", help="the stack on this machine (docs/tutorials/local-rollout.md)")
     add_config_args(local)
     what = local.add_mutually_exclusive_group()
     what.add_argument("--stop", action="store_true", help="stop every process the running stack started")

@@ -57,7 +57,7 @@ def build_backend(config: PipelineConfig) -> Backend:
             # The verifier's own requests to the canary Service cannot show what the routes send it: fail closed.
             raise BackendError("rollout.backend kubernetes reads its verification windows from Prometheus: set "
                                "rollout.prometheus.url to its HTTP API (e.g. http://prometheus-operated.monitoring.svc"
-                               ":9090; k8s/serving/README.md, Scraping).")
+                               ":9090; docs/tutorials/kubernetes.md, Scraping).")
         return kube.KubernetesBackend(rollout.kubernetes, config.model_name, _endpoints(rollout.kubernetes),
                                       rollout.request_timeout_seconds,
                                       lease_duration_s=rollout.lease_duration_seconds, metrics=metrics,

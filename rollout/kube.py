@@ -389,7 +389,7 @@ class KubernetesBackend(_PodsMixin, Backend):
             return self.core.read_namespaced_config_map(name, self.namespace)
         except ApiException as e:
             raise BackendError(f"cannot read ConfigMap {self.namespace}/{name} ({e.status} {e.reason}); apply "
-                               "k8s/serving first (k8s/serving/README.md).") from None
+                               "k8s/serving first (docs/tutorials/kubernetes.md).") from None
 
     def track_config(self, model: str, track: str) -> tuple[list[int], dict[str, int]]:
         text = (self._read_config_map(track).data or {}).get(CONFIG_KEY, "")

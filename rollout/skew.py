@@ -109,13 +109,13 @@ class SkewCheck:
         if not self.logging_enabled:
             raise SkewCheckError("rollout.skew_check judges the canary's logged requests, but serving.request_log."
                                  "enabled is false; enable serving.request_log on the servers and in this config "
-                                 "(README, \"Monitoring\"), or set rollout.skew_check=false.")
+                                 "(docs/tutorials/monitoring.md), or set rollout.skew_check=false.")
         folder = posixpath.join(self.log_dir, self.model)
         if not tf.io.gfile.isdir(folder):
             raise SkewCheckError(f"rollout.skew_check finds no request logs of {self.model!r} at {folder}; point "
                                  "serving.request_log.directory at the folder the servers log to (on Kubernetes a "
-                                 "shared claim or bucket, not the pods' emptyDir: k8s/serving/README.md), or set "
-                                 "rollout.skew_check=false.")
+                                 "shared claim or bucket, not the pods' emptyDir: docs/tutorials/kubernetes.md), "
+                                 "or set rollout.skew_check=false.")
         try:
             self.training(candidate)
         except (ValueError, OSError) as e:

@@ -6,9 +6,10 @@
 Stops at the first failing cell of a notebook (an `assert` whose claim no longer holds) and exits non-zero.
 
 Each notebook's metadata gets, under "mlops", the project files its kernel had imported when the last cell ended
-(`sys.modules`, files of this repository outside .venv) with their sha256, and one fingerprint over them:
-tests/notebooks/test_outputs_current.py fails when today's files give another fingerprint, so outputs written by
-older code cannot pass unnoticed.
+(`sys.modules`, files of this repository outside .venv) and the files the notebooks read (the taxi job's config and
+the schema it names) with their sha256, the sha256 of the notebook's own code cells, and one fingerprint over all of
+them: tests/notebooks/test_outputs_current.py fails when today's files or cells give another fingerprint, so outputs
+written by older code, another config or a cell edited since cannot pass unnoticed.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import yaml
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
@@ -35,18 +37,42 @@ IMPORTED_FILES_SNIPPET = (
     f"print({IMPORTED_FILES_MARKER!r}, __import__('json').dumps({{name: module.__file__ for name, module in"
     " list(__import__('sys').modules.items()) if isinstance(getattr(module, '__file__', None), str)}))")
 NOT_PROJECT_CODE = {".venv", ".venv-tools"}  # top-level folders of the repository whose files are not its code
+# What the notebooks read rather than import (taxi.py loads it): its outputs depend on it as on the code.
+CONFIG = "pipeline/configs/taxi.yaml"
 
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def code_fingerprint(code_files: dict[str, str]) -> str:
-    """One sha256 over the files' repository-relative paths and contents' sha256, in path order: no time, no
-    machine, so the same code gives the same fingerprint wherever and whenever it is computed."""
+def code_fingerprint(code_files: dict[str, str], cells: str = "") -> str:
+    """One sha256 over the files' repository-relative paths and contents' sha256, in path order, and the sha256 of
+    the notebook's code cells: no time, no machine, so the same code gives the same fingerprint wherever and whenever
+    it is computed."""
     digest = hashlib.sha256()
     for relative in sorted(code_files):
         digest.update(f"{relative}\0{code_files[relative]}\n".encode())
+    if cells:
+        digest.update(f"cells\0{cells}\n".encode())
+    return digest.hexdigest()
+
+
+def read_files(root: Path = REPO) -> dict[str, str]:
+    """{repository-relative path: sha256} of the files the notebooks read: the taxi job's config and the schema it
+    names (beside it)."""
+    config = root / CONFIG
+    schema = yaml.safe_load(config.read_text()).get("schema_path")
+    files = [config] + ([config.parent / schema] if schema else [])
+    return {path.relative_to(root).as_posix(): file_sha256(path) for path in files}
+
+
+def cells_sha256(notebook: nbformat.NotebookNode) -> str:
+    """One sha256 over the sources of the notebook's code cells, in order: a cell edited after the notebook ran (and
+    so not what made its outputs) changes it; the prose of markdown cells does not."""
+    digest = hashlib.sha256()
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            digest.update(cell.source.encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -78,8 +104,10 @@ def project_code(imported: dict[str, str], notebook: Path, root: Path = REPO) ->
 
 
 def record_code(notebook: nbformat.NotebookNode, imported: dict[str, str], path: Path) -> None:
-    code_files = project_code(imported, path)
-    notebook.metadata["mlops"] = {"code_files": code_files, "code_fingerprint": code_fingerprint(code_files)}
+    code_files = dict(sorted({**project_code(imported, path), **read_files()}.items()))
+    cells = cells_sha256(notebook)
+    notebook.metadata["mlops"] = {"code_files": code_files, "cells_sha256": cells,
+                                  "code_fingerprint": code_fingerprint(code_files, cells)}
 
 
 def execute(path: Path, cell_timeout_s: int = CELL_TIMEOUT_S) -> tuple[nbformat.NotebookNode, float]:

@@ -77,10 +77,15 @@ def datetime_parts(fields: list[str]) -> list[str]:
 
 @dataclass
 class DataConfig:
+    """Where the CSV data is and how each column becomes a feature; how the rows are split."""
     # Folder of CSV files sharing one header; empty means the Chicago taxi sample inside the tfx wheel.
     path: str = ""
+    # Numeric columns: missing values filled with the training mean, then z-scored.
     numeric_features: list[str] = field(default_factory=list)
+    # Numeric columns cut into transform.bucket_count quantile buckets (long tails, coordinates), plus one bucket for
+    # missing.
     bucket_features: list[str] = field(default_factory=list)
+    # String columns, and integer codes, mapped to ids by a vocabulary of the training split's most frequent values.
     vocab_features: list[str] = field(default_factory=list)
     # Integer columns whose values are the ids themselves (hours, weekdays, area codes): no vocabulary to compute;
     # 0 to the training split's largest value, and one more id for missing, negative or larger values.
@@ -93,6 +98,7 @@ class DataConfig:
     missing_values: list[str] = field(default_factory=list)
     # Hash split of the rows: train and eval buckets ...
     train_buckets: int = 4
+    # ... the eval split's share of the buckets (the Evaluator's and the Exporter's rows).
     eval_buckets: int = 1
     # ... and a third split, calibration, that the model never trains on and the Evaluator never measures: a
     # classifier's probabilities are calibrated and its decision threshold chosen on it (the calibration section).
@@ -106,6 +112,7 @@ class DataConfig:
 
 @dataclass
 class LabelConfig:
+    """What the model predicts and how the label is computed from a raw column."""
     # What the model predicts: binary (one probability), multiclass (a probability per class of the label column,
     # the classes taken from the data) or regression (the label column's number).
     kind: TaskKind = "binary"
@@ -115,6 +122,7 @@ class LabelConfig:
     column: str = ""
     # binary only: label = column > threshold * relative_to (or > threshold when relative_to is empty) ...
     threshold: float = 0.5
+    # binary only: a column the threshold is a share of (the taxi job: tips > 0.2 * fare); empty: an absolute threshold.
     relative_to: str = ""
     # ... or, when set, label = (column == positive_value) for a string column.
     positive_value: str = ""
@@ -122,7 +130,10 @@ class LabelConfig:
 
 @dataclass
 class TransformConfig:
+    """The Transform stage (TF Transform): buckets, vocabularies and its execution mode."""
+    # Quantile buckets of each data.bucket_features column.
     bucket_count: int = 10
+    # Most frequent values each vocabulary keeps; the others share the out-of-vocabulary id(s).
     vocab_size: int = 1000
     # Ids for values outside the vocabulary. With 1, every unseen value gets id vocab_size and each runtime can
     # reproduce it; more buckets spread unseen values by a FarmHash only TensorFlow computes (SavedModel only).
@@ -138,25 +149,33 @@ class TransformConfig:
 
 @dataclass
 class TFJobConfig:
-    """How `training.backend: tfjob` runs the workers as a Kubernetes TFJob (see k8s/training/README.md)."""
+    """How `training.backend: tfjob` runs the workers as a Kubernetes TFJob (docs/tutorials/kubeflow.md)."""
     # kubeflow: Kubeflow's training operator (kubeflow.org/v1); kubedl: KubeDL (training.kubedl.io/v1alpha1).
     operator: Literal["kubeflow", "kubedl"] = "kubeflow"
+    # Where the TFJob is created.
     namespace: str = "mlops"
     # The project's image (the Dockerfile at the repository root), pushed where the cluster can pull it.
     image: str = "tfx-mlops:latest"
+    # The worker containers' imagePullPolicy.
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # The workers' service account (k8s/training creates it).
     service_account: str = "mlops-trainer"
     # Claim holding the pipeline root; every worker mounts it at mount_path ...
     pvc: str = "mlops-pipeline-root"
     # ... which must be where output_root lives, so that artifact paths mean the same in every pod; empty means
     # the absolute output_root itself.
     mount_path: str = ""
+    # Each worker's CPU request and limit (a Kubernetes quantity) ...
     cpu: str = "1"
+    # ... and its memory request and limit.
     memory: str = "2Gi"
     # ExitCode: exit codes 1-127 are permanent failures, 128 and above (a killed worker) are restarted.
     restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "ExitCode"
+    # Which pods the operator deletes when the job ends (the operator's cleanPodPolicy).
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
+    # Retries of the whole job before it is marked failed (the operator's backoffLimit).
     backoff_limit: int = 3
+    # The job fails when it runs longer than this (the operator's activeDeadlineSeconds).
     active_deadline_seconds: int = 7200
     # How often the Trainer reads the job's status while it waits.
     poll_seconds: float = 10.0
@@ -168,30 +187,52 @@ class TFJobConfig:
     model_image_repo: str = ""
     # ... from this NFS export, which KubeDL mounts in the chief's pod.
     model_nfs_server: str = ""
+    # ... and this path on it.
     model_nfs_path: str = ""
 
 
 @dataclass
 class TrainingConfig:
+    """The Trainer: the tf_keras model (embeddings, an MLP), its optimizer and how many workers train it."""
+    # Training steps in all (global batches).
     train_steps: int = 2000
+    # Batches of the eval split read for validation at the end of each epoch.
     eval_steps: int = 100
+    # Steps between two validations (one epoch); early stopping counts these epochs.
     steps_per_epoch: int = 200
+    # The global batch: rows per training step, split evenly among the workers.
     batch_size: int = 128
+    # Width of each hidden Dense layer of the MLP, input side first.
     hidden_units: list[int] = field(default_factory=lambda: [64, 32])
+    # The hidden layers' activation (any Keras activation name).
     activation: str = "relu"
+    # Dropout rate after each hidden layer (0: none).
     dropout: float = 0.0
+    # Batch normalization after each hidden layer.
     batch_norm: bool = False
+    # L2 weight penalty on the Dense kernels (0: none).
     l2: float = 0.0
+    # adam, or sgd with momentum.
     optimizer: Literal["adam", "sgd"] = "adam"
+    # The optimizer's initial learning rate.
     learning_rate: float = 0.001
+    # sgd only: the momentum.
     momentum: float = 0.9
+    # How the learning rate changes over the steps: constant, exponential decay or cosine decay.
     lr_schedule: Literal["constant", "exponential", "cosine"] = "constant"
+    # exponential and cosine: the decay's period in steps ...
     decay_steps: int = 1000
+    # ... and exponential's factor per period.
     decay_rate: float = 0.9
+    # Clip each gradient to this norm (null: no clipping).
     clipnorm: float | None = None
+    # Compile the training step with XLA.
     jit_compile: bool = False
+    # Keras' dtype policy; the mixed policies pay off on accelerators only.
     mixed_precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    # Weight the classes inversely to their frequency in the loss, so each counts equally.
     class_weights: bool = True
+    # Epochs without a better validation metric before training stops (the best weights are kept).
     early_stopping_patience: int = 3
     # Seeds weight initialisation and the input order; all workers must shuffle alike (see components/model.py).
     seed: int = 42
@@ -207,10 +248,16 @@ class TrainingConfig:
 
 @dataclass
 class TunerConfig:
+    """The Tuner (KerasTuner), off by default: a search over layer width, depth and learning rate."""
+    # Run KerasTuner before the Trainer; the best width, depth and learning rate go to the Trainer.
     enabled: bool = False
+    # random or bayesian (Bayesian optimisation) search.
     algorithm: Literal["random", "bayesian"] = "random"
+    # Models the search trains.
     max_trials: int = 4
+    # Training steps of each trial ...
     train_steps: int = 200
+    # ... and its validation batches.
     eval_steps: int = 50
 
 
@@ -240,6 +287,8 @@ def tolerance_note(key: str, kind: str, metric: str = "auto", label_std: float |
 
 @dataclass
 class EvaluationConfig:
+    """The Evaluator (TFMA): the metric and the thresholds that bless a model, and the baseline it is compared with."""
+    # A feature whose every value also gets its own metrics (empty: overall only).
     slice_feature: str = ""
     # The metric that blesses a model, also the one the Optimizer's and the Exporter's gates watch. auto: auc
     # (binary), macro_auc (multiclass, one-vs-rest) or rmse (regression); TASK_METRICS lists the others.
@@ -247,6 +296,7 @@ class EvaluationConfig:
     # The candidate is blessed only when its metric is at least lower_bound and at most upper_bound (null: no
     # bound) ...
     lower_bound: float | None = None
+    # ... (upper_bound bounds an error metric such as rmse, where lower is better).
     upper_bound: float | None = None
     # ... and, on each metric named here, only when it beats this figure, what a predictor that ignores the
     # features scores (`mlops init` writes them from the data: the class shares' log loss, the most common class's
@@ -269,24 +319,34 @@ class EvaluationConfig:
 
 @dataclass
 class DistillConfig:
+    """Knowledge distillation in the Optimizer, off by default: a smaller student trained on the model's soft
+    targets."""
     # A smaller student learns from the trained model's soft targets, then goes on to pruning and export.
     enabled: bool = False
+    # The student's hidden layer widths.
     hidden_units: list[int] = field(default_factory=lambda: [16])
     # Softens both models' logits: higher passes more of the teacher's ranking between examples.
     temperature: float = 4.0
     # loss = alpha * hard-label loss + (1 - alpha) * temperature^2 * soft-target loss
     alpha: float = 0.3
+    # Training steps of the student ...
     steps: int = 1000
+    # ... at this learning rate.
     learning_rate: float = 0.005
 
 
 @dataclass
 class OptimizeConfig:
+    """The Optimizer: magnitude pruning (and optional distillation) with a gate on the eval metric."""
+    # Magnitude pruning of the Dense kernels (tensorflow-model-optimization), then strip_pruning.
     prune: bool = True
     # Fraction of each Dense kernel's weights set to zero, reached by a polynomial schedule while fine-tuning.
     target_sparsity: float = 0.5
+    # Training steps while the pruning schedule runs ...
     fine_tune_steps: int = 400
+    # ... at this learning rate ...
     learning_rate: float = 0.0005
+    # ... on batches of this many rows.
     batch_size: int = 128
     # The pruned model fails the Optimizer when its eval metric (evaluation.metric) is more than this worse than
     # the unpruned model's, in the metric's units.
@@ -299,6 +359,7 @@ THRESHOLD_OBJECTIVES = ("f1", "min_precision")
 
 @dataclass
 class CalibrationConfig:
+    """Calibration of a classifier's probabilities and its decision threshold, on the calibration split."""
     # Fitted on the data.calibration_buckets split after the Optimizer and folded into the model's output layer, so
     # every exported format serves calibrated probabilities. auto: Platt scaling (binary), temperature scaling
     # (multiclass), nothing for regression; none: the probabilities stay as trained.
@@ -307,6 +368,7 @@ class CalibrationConfig:
     # F1; min_precision, the highest recall whose precision is at least min_precision (the run fails when no
     # threshold reaches it). Multiclass models decide by the highest probability.
     threshold_objective: str = "f1"
+    # threshold_objective min_precision: the precision the threshold must reach.
     min_precision: float = 0.8
 
 
@@ -316,7 +378,10 @@ TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8")
 
 @dataclass
 class ExportConfig:
+    """The Exporter: the formats written into every version, and the tolerances that verify them."""
+    # The formats written into every version: saved_model (always), tflite, onnx, tfjs.
     formats: list[str] = field(default_factory=lambda: list(EXPORT_FORMATS))
+    # The TFLite variants: float32, dynamic (int8 weights), float16 (float16 weights), int8 (weights and activations).
     tflite_variants: list[str] = field(default_factory=lambda: list(TFLITE_VARIANTS))
     # Float formats (ONNX, TF.js, TFLite float32) must match every output of the SavedModel this closely (for a
     # regression model relative to the value's size: |difference| / max(1, |value|)) ...
@@ -327,7 +392,9 @@ class ExportConfig:
     # Most eval rows every artifact runs on (all when the eval split is smaller), and how many of them are timed
     # one row at a time for latency.
     eval_rows: int = 2000
+    # ... timed one at a time.
     latency_rows: int = 200
+    # The ONNX opset tf2onnx converts to.
     onnx_opset: int = 17
     # Rows of the training split int8 quantization calibrates its ranges on.
     representative_rows: int = 1000
@@ -340,44 +407,67 @@ BEAM_RUNNERS = ("DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", 
 class RolloutLocalConfig:
     """`mlops serve` processes on this machine: the stable ones read <serving>/models.config, the canary ones
     <serving>/models.canary.config. One REST URL and one gRPC target per process, in the same order."""
+    # REST URLs of the stable track's processes.
     stable_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8501"])
+    # gRPC targets of the stable track's processes.
     stable_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8500"])
+    # REST URLs of the canary track's processes.
     canary_rest: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8511"])
+    # gRPC targets of the canary track's processes.
     canary_grpc: list[str] = field(default_factory=lambda: ["127.0.0.1:8510"])
     # `mlops deploy local` (rollout/local_stack.py): while it runs, its servers, router and Prometheus replace
     # the endpoints above. Its state folder (empty: <serving>/.stack), its `mlops serve` processes per track, and the
     # ports of the router's REST and gRPC frontends and of Prometheus (0: any free one).
     stack_dir: str = ""
+    # `mlops deploy local`: `mlops serve` processes per track.
     servers_per_track: int = 1
+    # `mlops deploy local`: HAProxy's REST frontend port ...
     router_rest_port: int = 8601
+    # ... its gRPC frontend port ...
     router_grpc_port: int = 8600
+    # ... and Prometheus's port.
     prometheus_port: int = 9190
 
 
 @dataclass
 class RolloutKubernetesConfig:
-    """The objects of k8s/serving (see its README); the controller reads and patches them through the API."""
+    """The objects of k8s/serving (docs/tutorials/kubernetes.md); the controller reads and patches them through the
+    API."""
+    # The namespace of k8s/serving's objects.
     namespace: str = "mlops-serving"
     # Empty: the in-cluster service account, else ~/.kube/config; or the path of a kubeconfig file.
     kubeconfig: str = ""
+    # The ConfigMap holding the stable track's models.config ...
     stable_config_map: str = "tfserving-stable-config"
+    # ... and the canary track's.
     canary_config_map: str = "tfserving-canary-config"
     # The rollout's state and recorded outcomes live in this ConfigMap, not in the controller.
     state_config_map: str = "tfserving-rollout"
+    # Label selector of the stable track's pods ...
     stable_selector: str = "app.kubernetes.io/name=tfserving,app.kubernetes.io/track=stable"
+    # ... and of the canary track's.
     canary_selector: str = "app.kubernetes.io/name=tfserving,app.kubernetes.io/track=canary"
+    # The stable track's Service ...
     stable_service: str = "tfserving-stable"
+    # ... and the canary track's, the backends the routes weigh.
     canary_service: str = "tfserving-canary"
+    # The Gateway API HTTPRoute whose weights split REST traffic ...
     http_route: str = "tfserving"
+    # ... and the GRPCRoute that splits gRPC traffic.
     grpc_route: str = "tfserving-grpc"
     # Where the pods mount the model repository: models.config names <served_base_dir>/<model>.
     served_base_dir: str = "/models"
+    # The pods' REST port, where their metrics are read.
     rest_port: int = 8501
+    # TF Serving's Prometheus page on that port.
     metrics_path: str = "/monitoring/prometheus/metrics"
     # Golden requests go to the two Services (the controller runs in the cluster, or behind port-forwards).
     stable_rest: list[str] = field(default_factory=lambda: ["http://tfserving-stable.mlops-serving.svc:8501"])
+    # The stable Service's gRPC target.
     stable_grpc: list[str] = field(default_factory=lambda: ["tfserving-stable.mlops-serving.svc:8500"])
+    # The canary Service's REST URL ...
     canary_rest: list[str] = field(default_factory=lambda: ["http://tfserving-canary.mlops-serving.svc:8501"])
+    # ... and its gRPC target.
     canary_grpc: list[str] = field(default_factory=lambda: ["tfserving-canary.mlops-serving.svc:8500"])
 
 
@@ -390,26 +480,38 @@ KUBEDL_SERVICE_GRPC = "{inference}-{predictor}.{namespace}.svc:9000"
 @dataclass
 class RolloutKubeDLConfig:
     """KubeDL (k8s/kubedl): one Inference per model version, `<inference>-v<version>`, behind the project's Gateway
-    API routes, whose weights split the traffic (KubeDL's own trafficWeight splits nothing: k8s/kubedl/README.md)."""
+    API routes, whose weights split the traffic (KubeDL's own trafficWeight splits nothing:
+    docs/tutorials/kubedl.md)."""
     # KubeDL looks a predictor's ModelVersion up in the Inference's namespace, and a TFJob records it in its own.
     namespace: str = "mlops"
+    # Empty: the in-cluster service account, else ~/.kube/config; or the path of a kubeconfig file.
     kubeconfig: str = ""
+    # Each version's Inference is named <inference>-v<version>.
     inference: str = "taxi"
     # The one predictor of each version's Inference.
     predictor: str = "serve"
+    # The Gateway API HTTPRoute whose weights split REST traffic between the versions' Services ...
     http_route: str = "taxi"
+    # ... and the GRPCRoute for gRPC.
     grpc_route: str = "taxi-grpc"
     # The TFJob that trained version {version} (its status.modelVersionName names the ModelVersion KubeDL recorded,
     # mv-<job>-<uid>); empty: the ModelVersion is named by model_version_name (registered by hand).
     tfjob: str = ""
+    # The ModelVersion of version {version}, when tfjob is empty.
     model_version_name: str = "taxi-v{version}"
     # The labels KubeDL puts on a predictor's pods ({namespace}, {inference}, {predictor} filled in).
     predictor_selector: str = "kubedl.io/inference-name={inference},kubedl.io/predictor-name={predictor}"
+    # The predictor pods' REST port, where their metrics are read.
     rest_port: int = 8501
+    # TF Serving's Prometheus page on that port.
     metrics_path: str = "/monitoring/prometheus/metrics"
+    # The stable version's predictor Service, REST ({inference}, {predictor}, {namespace} filled in) ...
     stable_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
+    # ... and gRPC.
     stable_grpc: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_GRPC])
+    # The canary version's predictor Service, REST ...
     canary_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
+    # ... and gRPC.
     canary_grpc: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_GRPC])
 
 
@@ -426,6 +528,7 @@ class RolloutPrometheusConfig:
     selector: str = ""
     # How often Prometheus scrapes the servers: a window waits at most a few of these for samples fresher than its end.
     scrape_interval_seconds: float = 5.0
+    # Each query's timeout.
     request_timeout_seconds: float = 10.0
 
 
@@ -438,6 +541,7 @@ class RolloutConfig:
     steps: list[int] = field(default_factory=lambda: [10, 50, 100])
     # Golden requests: eval rows (a CSV file or folder; empty: the pipeline's newest eval split) ...
     golden_data: str = ""
+    # ... this many of them ...
     golden_rows: int = 64
     # ... whose candidate probabilities, over REST and gRPC, must stay this close to the stable version's.
     max_abs_diff: float = 0.001
@@ -445,18 +549,23 @@ class RolloutConfig:
     window_seconds: float = 30.0
     # The verifier's own requests during a window (bounded: at most this many per second).
     window_requests_per_second: float = 20.0
+    # The canary's largest error rate in a window (errors over requests) ...
     max_error_rate: float = 0.01
+    # ... and its largest 99th-percentile latency, in milliseconds.
     max_p99_ms: float = 250.0
     # Beside the absolute limits, the canary against stable over the same window: its error rate may exceed stable's
     # by at most this much, and its p99 may be at most this many times stable's (TF Serving's latency buckets grow
     # 1.8x each: 3.0 allows one bucket up, not two; judged when stable served 20 predictions or more).
     max_error_rate_increase: float = 0.005
+    # ... and its p99 at most this many times stable's.
     max_p99_ratio: float = 3.0
     # A window whose figures cannot be trusted (no data, a partial scrape, a counter reset, a canary share of the
     # traffic further than this many binomial standard deviations from the step's weight) is inconclusive, never a
     # pass; after this many in a row the rollout rolls back, or pauses with its state saying why.
     max_inconclusive_windows: int = 3
+    # What too many inconclusive windows in a row do: roll back, or pause with the reason in the state.
     on_inconclusive: Literal["rollback", "pause"] = "rollback"
+    # How far the canary's measured share of the traffic may be from the step's weight, in binomial standard deviations.
     share_tolerance_sigmas: float = 4.0
     # Before each step, the candidate's own logged requests since the rollout began judged for skew against its
     # training statistics at the monitoring section's thresholds (rollout/skew.py): a candidate trained on data
@@ -476,7 +585,9 @@ class RolloutConfig:
     load_timeout_seconds: float = 300.0
     # After a promotion the previous version stays loaded this long, so a rollback needs no load.
     keep_previous_seconds: float = 300.0
+    # Each request the controller makes (golden requests, version status, Prometheus, the backend's API).
     request_timeout_seconds: float = 5.0
+    # How often the controller polls a loading version's status.
     poll_seconds: float = 0.5
     prometheus: RolloutPrometheusConfig = field(default_factory=RolloutPrometheusConfig)
     local: RolloutLocalConfig = field(default_factory=RolloutLocalConfig)
@@ -487,7 +598,8 @@ class RolloutConfig:
 @dataclass
 class RequestLogConfig:
     """Sampled predictions and their answers as TF Serving's PredictionLog TFRecords, written by `mlops serve` and
-    `mlops log-proxy` under <directory>/<model>/ (serving/server/request_log.py, README "Monitoring")."""
+    `mlops log-proxy` under <directory>/<model>/ (serving/server/request_log.py, docs/tutorials/monitoring.md)."""
+    # Log sampled predictions at all.
     enabled: bool = False
     # Any folder or URI tf.io.gfile writes (gs://bucket/logs); empty: <output_root>/request_logs.
     directory: str = ""
@@ -495,6 +607,7 @@ class RequestLogConfig:
     sampling_rate: float = 1.0
     # A file is closed and the next one started at this size or this age, whichever comes first ...
     max_file_bytes: int = 64 * 1024 * 1024
+    # ... or this many seconds after its first record.
     max_file_seconds: float = 300.0
     # ... and a model's folder keeps at most this many files, the oldest deleted first.
     max_files: int = 100
@@ -509,15 +622,15 @@ class ServingConfig:
 
 
 # The CSV rows up to which beam.direct_running_mode=auto runs Beam in this process: on 2 cores the data stages took
-# as long in_memory (one worker) as multi_processing at about 470,000 rows (benchmarks.data_stages --modes; README,
-# "Benchmarks").
+# as long in_memory (one worker) as multi_processing at about 470,000 rows (benchmarks.data_stages --modes;
+# docs/benchmarks.md).
 IN_MEMORY_MAX_ROWS = 450_000
 
 
 @dataclass
 class BeamConfig:
     """The Beam runner of the data stages (ExampleGen, StatisticsGen, Transform, Evaluator); pipeline/beam.py turns
-    it into beam_pipeline_args. Each runner's keys are grouped below; README, "Beam at scale", says what to supply."""
+    it into beam_pipeline_args. Each runner's keys are grouped below; docs/concepts/beam.md says what to supply."""
     # The short names (direct, flink, spark, dataflow) stand for Beam's runner classes; load_config turns them into
     # the class names.
     runner: Literal["DirectRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner",
@@ -525,9 +638,11 @@ class BeamConfig:
     # DirectRunner: one process, threads, or worker processes; 0 workers means one per CPU (in_memory: always one
     # worker, pipeline/beam.py). auto: in_memory for
     # local CSV data of at most in_memory_max_rows rows (each worker process would import TensorFlow for seconds),
-    # multi_processing above or where the rows cannot be counted (README, "Benchmarks", measured the crossover).
+    # multi_processing above or where the rows cannot be counted (docs/benchmarks.md measured the crossover).
     direct_running_mode: Literal["auto", "in_memory", "multi_threading", "multi_processing"] = "auto"
+    # DirectRunner's worker count (0: one per CPU).
     direct_num_workers: int = 0
+    # direct_running_mode auto: the CSV rows up to which Beam runs in this process.
     in_memory_max_rows: int = IN_MEMORY_MAX_ROWS
     # PortableRunner: a Beam job service (host:port), such as Flink's or Spark's job server, or Beam's own.
     # FlinkRunner: a standing Flink job server (`mlops cluster flink status` prints it), or else flink_master.
@@ -535,19 +650,24 @@ class BeamConfig:
     # FlinkRunner without job_endpoint: the Flink REST endpoint (host:8081), for which Beam starts a job server of its
     # own; SparkRunner: the Spark master (spark://host:7077).
     flink_master: str = ""
+    # SparkRunner: the Spark master, spark://host:7077.
     spark_master_url: str = ""
     # Portable runners (Portable, Flink, Spark): where the Python SDK workers run. DOCKER: a container of
     # environment_config (an image with Beam 2.61 and requirements.lock); EXTERNAL: a worker pool at
     # environment_config (host:port); PROCESS: a command; LOOPBACK: this process (tests only).
     environment_type: Literal["DOCKER", "EXTERNAL", "PROCESS", "LOOPBACK"] = "DOCKER"
+    # The image (DOCKER), the pool's host:port (EXTERNAL) or the boot command (PROCESS).
     environment_config: str = ""
     # Flink and Spark parallelism (0: the runner's default).
     parallelism: int = 0
     # DataflowRunner: the Google Cloud project and region, a gs:// folder for temporary and staged files, and the
     # SDK container image (empty: Dataflow's own, which installs the project from setup.py).
     project: str = ""
+    # DataflowRunner: the region ...
     region: str = ""
+    # ... a gs:// folder for temporary and staged files ...
     temp_location: str = ""
+    # ... and the SDK container image (empty: Dataflow's own).
     sdk_container_image: str = ""
     # Any other Beam option, passed as written, after the ones above (for example --max_num_workers=20).
     extra_args: list[str] = field(default_factory=list)
@@ -564,10 +684,13 @@ class FlinkClusterConfig:
     # The folder `make flink` fills: Flink 1.19 from PyPI (requirements-flink.lock) and the job server's classpath
     # from the local Maven repository; a relative path is read from the project's root.
     flink_env: str = ".venv-flink"
+    # TaskManager processes ...
     taskmanagers: int = 2
+    # ... and the task slots of each.
     slots_per_taskmanager: int = 1
     # Flink's total process memory per JVM (Flink's memory syntax): sized to fit four JVMs beside the pipeline.
     jobmanager_memory: str = "1024m"
+    # Each TaskManager's total process memory.
     taskmanager_memory: str = "1536m"
     # How long `start` waits for every TaskManager to register and the job server to listen.
     start_timeout_s: float = 180.0
@@ -575,7 +698,7 @@ class FlinkClusterConfig:
 
 @dataclass
 class ClusterConfig:
-    """Engines `mlops cluster` starts on this machine for the Beam stages (README, "Beam at scale")."""
+    """Engines `mlops cluster` starts on this machine for the Beam stages (docs/concepts/beam.md)."""
     flink: FlinkClusterConfig = field(default_factory=FlinkClusterConfig)
 
 
@@ -585,17 +708,22 @@ class KubeflowTaskConfig:
     or for a component, the value of kubeflow.tasks)."""
     # Kubernetes quantities: CPU in cores ("2", "500m"), memory in bytes with a unit ("4Gi", "512Mi", "8G").
     cpu_request: str | float = ""
+    # The CPU limit (cpu_request above is the request).
     cpu_limit: str | float = ""
+    # The memory request ...
     memory_request: str = ""
+    # ... and limit.
     memory_limit: str = ""
     # How often KFP starts a failed task again, the first time after retry_backoff_seconds, then twice as long.
     retries: int | None = None
+    # ... and the wait before the first retry, in seconds.
     retry_backoff_seconds: int | None = None
 
 
 @dataclass
 class KubeflowConfig:
-    """`mlops compile kubeflow` and `mlops submit kubeflow`: the same DAG on Kubeflow Pipelines V2 (README)."""
+    """`mlops compile kubeflow` and `mlops submit kubeflow`: the same DAG on Kubeflow Pipelines V2
+    (docs/tutorials/kubeflow.md)."""
     # The project's image (the Dockerfile at the repository root), pushed where the cluster pulls it; every
     # component runs in it. Tag it per build: KFP's cache keys on the image.
     image: str = "tfx-mlops:latest"
@@ -608,7 +736,9 @@ class KubeflowConfig:
     # mlops submit kubeflow: the KFP API (overridden by --host), the experiment and the user namespace of a
     # multi-user deployment (empty for a single-user one).
     host: str = ""
+    # ... the KFP experiment runs are filed under ...
     experiment: str = "tfx-mlops"
+    # ... and the user namespace (empty on a single-user deployment).
     namespace: str = ""
     # KFP's cache for every task of the compiled pipeline (ServingBaseline never: it reads the repository, no input).
     enable_cache: bool = True
@@ -621,7 +751,9 @@ class KubeflowConfig:
 @dataclass
 class MonitoringFeatureConfig:
     """One feature's thresholds over the monitoring section's defaults for its kind (null: that default)."""
+    # This feature's skew threshold ...
     skew: float | None = None
+    # ... and its drift threshold.
     drift: float | None = None
 
 
@@ -647,13 +779,16 @@ class MonitoringConfig:
     numeric_skew: float = 0.25
     # Drift: the same distances between the window and the window of the same length just before it.
     categorical_drift: float = 0.1
+    # ... and for numeric features.
     numeric_drift: float = 0.25
     # Per feature, over the defaults of its kind: e.g. fare: {skew: 0.3}.
     features: dict[str, MonitoringFeatureConfig] = field(default_factory=dict)
     # A Prometheus Pushgateway (http://host:9091) the distances are PUT to as the group job/<pushgateway_job>/model/
     # <model_name>; empty: none (--pushgateway sets one).
     pushgateway: str = ""
+    # The Pushgateway job name.
     pushgateway_job: str = "mlops_monitor"
+    # The Pushgateway PUT's timeout.
     request_timeout_seconds: float = 10.0
     # `mlops monitor --retrain` runs the pipeline when a threshold is crossed, but not when a monitor run of the last
     # this many hours already started a retrain for the same serving version: until the new version is rolled out
@@ -663,6 +798,8 @@ class MonitoringConfig:
 
 @dataclass
 class PipelineConfig:
+    """The pipeline's name, where it writes, and the keys every section below hangs from."""
+    # The pipeline's name in ML Metadata, its root (<artifact_root>/<name>) and its run logs.
     name: str = "pipeline"
     # Name of the served model: <output_root>/serving/<model_name>/<version>/.
     model_name: str = "model"
@@ -673,6 +810,7 @@ class PipelineConfig:
     artifact_root: str = ""
     # Curated schema; a relative path is looked up beside the config file.
     schema_path: str = ""
+    # TFX's cache: a stage whose inputs, properties and module code are unchanged reuses its last output.
     enable_cache: bool = True
     # Local runs: how many stages may run at once, each as soon as the stages it needs are done (the Exporter
     # beside the Evaluator); 1 runs them one after another, as TFX's LocalDagRunner does.
@@ -1124,7 +1262,7 @@ def _validate_beam(beam: BeamConfig) -> None:
     if beam.runner == "FlinkRunner" and not (beam.job_endpoint or beam.flink_master):
         raise ConfigError("beam.runner FlinkRunner needs beam.job_endpoint (a standing job server, such as "
                           "`mlops cluster flink start` prints) or beam.flink_master; set one in the config or with "
-                          "--set (README, \"Beam at scale\").")
+                          "--set (docs/concepts/beam.md).")
     required = {
         "PortableRunner": ["job_endpoint"],
         "SparkRunner": ["spark_master_url"],
@@ -1133,7 +1271,7 @@ def _validate_beam(beam: BeamConfig) -> None:
     missing = [f"beam.{key}" for key in required if not getattr(beam, key)]
     if missing:
         raise ConfigError(f"beam.runner {beam.runner} needs {' and '.join(missing)}; set them in the config or with "
-                          "--set (README, \"Beam at scale\").")
+                          "--set (docs/concepts/beam.md).")
     portable = beam.runner in ("PortableRunner", "FlinkRunner", "SparkRunner")
     if portable and beam.environment_type in ("DOCKER", "EXTERNAL", "PROCESS") and not beam.environment_config:
         raise ConfigError(f"beam.environment_type {beam.environment_type} needs beam.environment_config: the SDK "

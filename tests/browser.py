@@ -52,11 +52,15 @@ def chromium() -> str:
     return CHROMIUM
 
 
-def render(page: Path, screenshot: Path | None = None, timeout_s: float = 90) -> Rendered:
-    """Loads `page` in headless chromium with a fresh profile; its DOM after load and its console messages."""
+def render(page: Path | str, screenshot: Path | None = None, timeout_s: float = 90,
+           flags: tuple[str, ...] = ()) -> Rendered:
+    """Loads `page` (a file, or a URL such as a loopback server's) in headless chromium with a fresh profile; its DOM
+    after load and its console messages. `flags` go to chromium as well (--virtual-time-budget=MS lets the page's
+    timers and workers run that long before the DOM is read)."""
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
         extra = [f"--screenshot={screenshot}", "--window-size=1200,4000"] if screenshot else ["--dump-dom"]
-        done = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
+        done = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *flags, *extra,
+                               page if isinstance(page, str) else page.resolve().as_uri()],
                               capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise AssertionError(f"chromium exited with {done.returncode}: {done.stderr[-2000:]}")

@@ -185,7 +185,8 @@ def run_tfjob(
             report(f"{where} exists already (a retried Trainer); waiting for it")
         elif error.status == 404:
             raise TFJobFailedError(f"the cluster serves no {PLURAL}.{group}/{version} in namespace {namespace}; "
-                                   "install the operator and apply k8s/training (k8s/training/README.md).") from None
+                                   "install the operator and apply k8s/training (docs/tutorials/kubeflow.md)."
+                                   ) from None
         elif error.status == 403:
             raise TFJobFailedError(f"not allowed to create {PLURAL}.{group} in namespace {namespace}; apply "
                                    "k8s/training (its Role lets the mlops-trainer account do it).") from None

@@ -281,7 +281,7 @@ class ControlPlane:
 
     def namespace(self, name: str) -> None:
         """Creates a namespace the manifests expect but do not create, labelled for the restricted Pod Security
-        Standard as k8s/serving/README.md tells users to label theirs."""
+        Standard as docs/tutorials/kubernetes.md tells users to label theirs."""
         labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
         self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}))

@@ -33,7 +33,8 @@ def test_the_command_is_mlops_monitor_and_its_folders_are_the_mounted_volumes():
     assert "command" not in container, "the image's entrypoint runs mlops; the image has no `mlops` on its PATH"
     args = build_parser().parse_args(container["args"])
     assert args.command == "monitor" and args.since == "1h" and args.pushgateway.startswith("http://")
-    # --retrain would run the local pipeline in the pod, against a read-only model repository (k8s/serving/README.md).
+    # --retrain would run the local pipeline in the pod, against a read-only model repository
+    # (docs/tutorials/monitoring.md).
     assert args.retrain is False
     config = load_config(args.config, args.overrides)
     mounts = {m["name"]: m for m in container["volumeMounts"]}
@@ -45,7 +46,7 @@ def test_the_command_is_mlops_monitor_and_its_folders_are_the_mounted_volumes():
     for name in ("model-repository", "request-logs"):
         assert mounts[name]["readOnly"] is True and claims[name]["readOnly"] is True, name
     assert claims["model-repository"]["claimName"] == "tfserving-model-repository"
-    assert claims["request-logs"]["claimName"] == "request-logs", "the claim k8s/serving/README.md names"
+    assert claims["request-logs"]["claimName"] == "request-logs", "the claim docs/tutorials/monitoring.md names"
     [reports] = [o for o in objects() if o["kind"] == "PersistentVolumeClaim"]
     assert claims["reports"]["claimName"] == reports["metadata"]["name"]
     assert posixpath.commonpath([mounts["tmp"]["mountPath"], "/tmp"]) == "/tmp"

@@ -52,12 +52,14 @@ def rest_requests() -> list[HttpRequest]:
 
 
 def readme_paths() -> list[str]:
-    """Every /v1/models/... path the READMEs name, placeholders filled in."""
+    """Every /v1/models/... path the READMEs and the documentation site name, placeholders filled in."""
     fill = {"<m>": MODEL, "<model>": MODEL, "{m}": MODEL, "<v>": "2", "<version>": "2", "{v}": "2",
             "<track>": "canary", "<label>": "canary", "{l}": "canary"}
     paths = set()
-    for readme in ("README.md", "k8s/serving/README.md", "serving/README.md"):
-        for found in re.findall(r"/v1/models/[^\s`'\")\]|]+", (REPO / readme).read_text()):
+    pages = [REPO / "README.md", REPO / "k8s/serving/README.md", REPO / "serving/README.md",
+             *(REPO / "docs").rglob("*.md")]
+    for page in pages:
+        for found in re.findall(r"/v1/models/[^\s`'\")\]|]+", page.read_text()):
             for placeholder, value in fill.items():
                 found = found.replace(placeholder, value)
             if found.split("/")[3].split(":")[0] == MODEL:

@@ -1,6 +1,6 @@
 """Every notebook's committed outputs come from today's code: the fingerprint that `make notebooks-refresh` recorded
-of the project files the notebook imported (scripts/run_notebooks.py) is recomputed from the files as they are now.
-Fast: no notebook is run."""
+of the project files the notebook imported, the files it read (the taxi config and its schema) and its own code cells
+(scripts/run_notebooks.py) is recomputed from the files and cells as they are now. Fast: no notebook is run."""
 import importlib.util
 from pathlib import Path
 
@@ -19,17 +19,25 @@ _spec.loader.exec_module(run_notebooks)
 def stale_outputs(path: Path, root: Path = REPO) -> str | None:
     """One sentence saying why the outputs of the notebook at `path` may come from other code; None if they do not."""
     name = path.relative_to(root).as_posix()
-    recorded = nbformat.read(path, as_version=4).metadata.get("mlops", {})
-    if "code_files" not in recorded or "code_fingerprint" not in recorded:
+    notebook = nbformat.read(path, as_version=4)
+    recorded = notebook.metadata.get("mlops", {})
+    if not {"code_files", "cells_sha256", "code_fingerprint"} <= set(recorded):
         return f"{name} records no fingerprint of the code its outputs came from; run {REFRESH} to write one."
     files = recorded["code_files"]
+    uncovered = sorted(set(run_notebooks.read_files(root)) - set(files))
+    if uncovered:
+        return (f"{name} records no fingerprint of {', '.join(uncovered)}, which its outputs depend on; run {REFRESH} "
+                "to write one.")
     missing = sorted(file for file in files if not (root / file).is_file())
     changed = sorted(file for file in files if file not in missing
                      and run_notebooks.file_sha256(root / file) != files[file])
-    if missing or changed or run_notebooks.code_fingerprint(files) != recorded["code_fingerprint"]:
+    cells_changed = run_notebooks.cells_sha256(notebook) != recorded["cells_sha256"]
+    if (missing or changed or cells_changed
+            or run_notebooks.code_fingerprint(files, recorded["cells_sha256"]) != recorded["code_fingerprint"]):
         what = ([f"{', '.join(changed)} changed"] if changed else []) + (
             [f"{', '.join(missing)} no longer {'exists' if len(missing) == 1 else 'exist'}"] if missing else []
-        ) or ["its recorded fingerprint does not match its recorded files"]
+        ) + (["its code cells changed"] if cells_changed else []
+             ) or ["its recorded fingerprint does not match its recorded files"]
         return (f"{name} shows outputs of older code ({'; '.join(what)} since they were written); "
                 f"run {REFRESH} to re-run it and save current outputs.")
     return None
@@ -41,14 +49,23 @@ def test_the_outputs_come_from_todays_code(path):
     assert message is None, message
 
 
+SMALL_CONFIG = {"pipeline/configs/taxi.yaml": "schema_path: taxi_schema.pbtxt\n",
+                "pipeline/configs/taxi_schema.pbtxt": "feature { name: 'fare' type: FLOAT }\n"}
+
+
 def notebook_fingerprinting(root: Path, code: dict[str, str]) -> Path:
-    """A notebook under `root` whose metadata fingerprints `code` ({relative path: content}) as it is now."""
+    """A notebook under `root` whose metadata fingerprints `code` ({relative path: content}), a config and its
+    schema, and its own cells, as they are now."""
+    code = {**SMALL_CONFIG, **code}
     for relative, content in code.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_text(content)
     files = {relative: run_notebooks.file_sha256(root / relative) for relative in sorted(code)}
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from taxi import load_taxi")])
-    notebook.metadata["mlops"] = {"code_files": files, "code_fingerprint": run_notebooks.code_fingerprint(files)}
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Tiny"),
+                                               nbformat.v4.new_code_cell("from taxi import load_taxi")])
+    cells = run_notebooks.cells_sha256(notebook)
+    notebook.metadata["mlops"] = {"code_files": files, "cells_sha256": cells,
+                                  "code_fingerprint": run_notebooks.code_fingerprint(files, cells)}
     path = root / "notebooks" / "tiny.ipynb"
     nbformat.write(notebook, path)
     return path
@@ -69,6 +86,30 @@ def test_a_file_that_no_longer_exists_is_named(tmp_path):
     assert "(components/old.py no longer exists since they were written)" in stale_outputs(path, tmp_path)
 
 
+def test_the_config_and_the_schema_it_names_are_covered(tmp_path):
+    path = notebook_fingerprinting(tmp_path, {"notebooks/taxi.py": "ROWS = 1\n"})
+    (tmp_path / "pipeline/configs/taxi_schema.pbtxt").write_text("feature { name: 'fare' type: INT }\n")
+    assert "(pipeline/configs/taxi_schema.pbtxt changed since they were written)" in stale_outputs(path, tmp_path)
+    (tmp_path / "pipeline/configs/taxi.yaml").write_text("schema_path: other_schema.pbtxt\n")
+    (tmp_path / "pipeline/configs/other_schema.pbtxt").write_text("feature { name: 'fare' type: FLOAT }\n")
+    assert stale_outputs(path, tmp_path) == (
+        "notebooks/tiny.ipynb records no fingerprint of pipeline/configs/other_schema.pbtxt, which its outputs depend "
+        "on; run `make notebooks-refresh` to write one.")
+
+
+def test_an_edited_code_cell_fails_and_edited_prose_does_not(tmp_path):
+    path = notebook_fingerprinting(tmp_path, {"notebooks/taxi.py": "ROWS = 1\n"})
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[0].source = "# Tiny, explained better"
+    nbformat.write(notebook, path)
+    assert stale_outputs(path, tmp_path) is None
+    notebook.cells[1].source = "from taxi import load_taxi as load"
+    nbformat.write(notebook, path)
+    assert stale_outputs(path, tmp_path) == (
+        "notebooks/tiny.ipynb shows outputs of older code (its code cells changed since they were written); run "
+        "`make notebooks-refresh` to re-run it and save current outputs.")
+
+
 def test_a_notebook_without_a_fingerprint_fails(tmp_path):
     path = notebook_fingerprinting(tmp_path, {"notebooks/taxi.py": "ROWS = 1\n"})
     notebook = nbformat.read(path, as_version=4)
@@ -81,6 +122,7 @@ def test_a_notebook_without_a_fingerprint_fails(tmp_path):
 def test_the_fingerprint_is_the_same_for_the_same_code_and_another_for_other_code():
     files = {"b.py": "2" * 64, "a.py": "1" * 64}
     assert run_notebooks.code_fingerprint(files) == run_notebooks.code_fingerprint(dict(sorted(files.items())))
+    assert run_notebooks.code_fingerprint(files, "c" * 64) != run_notebooks.code_fingerprint(files, "d" * 64)
     assert run_notebooks.code_fingerprint(files) != run_notebooks.code_fingerprint({**files, "a.py": "3" * 64})
     assert run_notebooks.code_fingerprint(files) != run_notebooks.code_fingerprint({"a.py": "1" * 64})
 

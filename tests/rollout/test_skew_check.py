@@ -263,7 +263,7 @@ def test_the_rollout_refuses_to_start_when_request_logging_is_off(tmp_path, taxi
         control.start(CANDIDATE)
     assert str(raised.value) == ("rollout.skew_check judges the canary's logged requests, but serving.request_log."
                                  "enabled is false; enable serving.request_log on the servers and in this config "
-                                 "(README, \"Monitoring\"), or set rollout.skew_check=false.")
+                                 "(docs/tutorials/monitoring.md), or set rollout.skew_check=false.")
     assert control.document().get("current") is None, "nothing started"
     assert control.backend.writes == []
 
@@ -275,7 +275,7 @@ def test_the_rollout_refuses_to_start_when_no_log_folder_is_reachable(tmp_path, 
     assert str(raised.value) == (
         f"rollout.skew_check finds no request logs of 'tiny' at {tmp_path}/logs/tiny; point serving.request_log."
         "directory at the folder the servers log to (on Kubernetes a shared claim or bucket, not the pods' emptyDir: "
-        "k8s/serving/README.md), or set rollout.skew_check=false.")
+        "docs/tutorials/kubernetes.md), or set rollout.skew_check=false.")
     assert control.document().get("current") is None and control.backend.writes == []
 
 

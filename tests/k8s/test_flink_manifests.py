@@ -46,8 +46,10 @@ def test_each_taskmanager_has_the_worker_pool_the_external_environment_names(obj
     # The overrides a user passes (docs/tutorials/beam-runners.md) load into a valid config.
     config = load_config(None, ["beam.runner=flink", "beam.job_endpoint=beam-job-server:8099",
                                 "beam.environment_type=EXTERNAL", f"beam.environment_config=localhost:{port}",
-                                "output_root=/mlops/outputs"])
+                                "output_root=/mlops/outputs",
+                                'beam.extra_args=["--artifact_endpoint=beam-job-server:8098"]'])
     assert config.beam.environment_config == f"localhost:{port}"
+    assert config.beam.extra_args == ["--artifact_endpoint=beam-job-server:8098"]
     # Two TaskManagers of one slot: parallelism 2, as the local cluster runs.
     assert flink["spec"]["taskManager"]["replicas"] * int(
         flink["spec"]["flinkConfiguration"]["taskmanager.numberOfTaskSlots"]) == int(

@@ -37,6 +37,8 @@ from benchmarks.taxi_data import read_sample
 
 TASKMANAGERS = 2
 PARALLELISM = 2
+TASKMANAGER_MEMORY = "3072m"
+TASK_OFF_HEAP = "512m"
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -199,19 +201,25 @@ def main(argv: list[str] | None = None) -> int:
 
         config = load_config(None, [f"output_root={args.out / 'flink'}",
                                     f"cluster.flink.taskmanagers={TASKMANAGERS}",
-                                    "cluster.flink.slots_per_taskmanager=1"])
+                                    "cluster.flink.slots_per_taskmanager=1",
+                                    # At the default 1536m, 0m off-heap a TaskManager ran out of direct memory on
+                                    # 10x (Beam's Fn API buffers): 512m of it, within 3 GiB per TaskManager.
+                                    f"cluster.flink.taskmanager_memory={TASKMANAGER_MEMORY}",
+                                    f"cluster.flink.taskmanager_task_off_heap_memory={TASK_OFF_HEAP}"])
         started = time.monotonic()
         state = flink_cluster.start(config)
         try:
             pids = [p.pid for p in state.processes]
             cluster.update({"start_seconds": round(time.monotonic() - started, 1), "taskmanagers": TASKMANAGERS,
-                            "parallelism": PARALLELISM,
+                            "parallelism": PARALLELISM, "taskmanager_memory": TASKMANAGER_MEMORY,
+                            "task_off_heap": TASK_OFF_HEAP,
                             "idle_rss_gib": round(resident_gib([p for pid in pids for p in tree(pid)]), 2)})
             for scale in args.scales:
                 print(f"Flink on {scale}x the sample ...", flush=True)
                 since = time.time() * 1000
                 results.append(measure("flink", scale, args.out, state.beam_overrides(PARALLELISM), pids))
                 results[-1]["flink_jobs"] = flink_jobs(state, since)
+                results[-1]["cluster"] = dict(cluster)
                 print("\n".join(table(results[-1:])[1:]), flush=True)
                 write()
         finally:

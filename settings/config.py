@@ -569,6 +569,10 @@ class FlinkClusterConfig:
     # Flink's total process memory per JVM (Flink's memory syntax): sized to fit four JVMs beside the pipeline.
     jobmanager_memory: str = "1024m"
     taskmanager_memory: str = "1536m"
+    # Each TaskManager's task off-heap memory (Flink's default 0m), which raises its JVM's direct-memory cap: Beam's
+    # Fn API buffers (gRPC on Netty) are direct memory, and 10x the taxi sample ran out of it at the default
+    # (benchmarks/beam_runners.py sets 512m with taskmanager_memory=3072m).
+    taskmanager_task_off_heap_memory: str = "0m"
     # How long `start` waits for every TaskManager to register and the job server to listen.
     start_timeout_s: float = 180.0
 

@@ -964,6 +964,7 @@ def _validate(config: PipelineConfig) -> None:
     _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
+    _absolute_paths_for_portable_workers(config)
     flink = config.cluster.flink
     if flink.taskmanagers < 1 or flink.slots_per_taskmanager < 1:
         raise ConfigError("cluster.flink.taskmanagers and cluster.flink.slots_per_taskmanager must be 1 or more.")
@@ -1116,6 +1117,18 @@ def _validate_monitoring(monitoring: MonitoringConfig, features: list[str]) -> N
     if not 0 <= monitoring.retrain_cooldown_hours < float("inf"):
         raise ConfigError(f"monitoring.retrain_cooldown_hours is {monitoring.retrain_cooldown_hours}; set 0 (every "
                           "crossing retrains) or a positive number of hours, e.g. 24.")
+
+
+def _absolute_paths_for_portable_workers(config: PipelineConfig) -> None:
+    """A portable runner's SDK workers run in a folder of their own (a local Flink cluster's, a worker pool's): a
+    relative local data path or output root names nothing there, so each becomes absolute, read from this folder as
+    a local run reads it."""
+    if config.beam.runner not in ("PortableRunner", "FlinkRunner", "SparkRunner"):
+        return
+    for owner, key in ((config, "output_root"), (config, "artifact_root"), (config.data, "path")):
+        value = getattr(owner, key)
+        if value and "://" not in value and not os.path.isabs(value):
+            setattr(owner, key, os.path.abspath(value))
 
 
 RUNNER_CLASSES = {"direct": "DirectRunner", "flink": "FlinkRunner", "spark": "SparkRunner",

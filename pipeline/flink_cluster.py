@@ -118,6 +118,7 @@ def _flink_conf(home: Path, settings: FlinkClusterConfig, state: ClusterState, f
         "taskmanager.data.port": 0,
         "taskmanager.numberOfTaskSlots": settings.slots_per_taskmanager,
         "taskmanager.memory.process.size": settings.taskmanager_memory,
+        "taskmanager.memory.task.off-heap.size": settings.taskmanager_task_off_heap_memory,
         # A batch job's sort-merge shuffle asks for 512 network buffers (32 KiB each) per result partition by
         # default, and a Beam stage's job holds hundreds of tasks: 64 each, from a larger network share, fit them.
         "taskmanager.memory.network.min": "256m",

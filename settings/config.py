@@ -692,6 +692,10 @@ class FlinkClusterConfig:
     jobmanager_memory: str = "1024m"
     # Each TaskManager's total process memory.
     taskmanager_memory: str = "1536m"
+    # Each TaskManager's task off-heap memory (Flink's default 0m), which raises its JVM's direct-memory cap: Beam's
+    # Fn API buffers (gRPC on Netty) are direct memory, and 10x the taxi sample ran out of it at the default
+    # (benchmarks/beam_runners.py sets 512m with taskmanager_memory=3072m).
+    taskmanager_task_off_heap_memory: str = "0m"
     # How long `start` waits for every TaskManager to register and the job server to listen.
     start_timeout_s: float = 180.0
 
@@ -1098,6 +1102,7 @@ def _validate(config: PipelineConfig) -> None:
     _validate_calibration(config)
     _validate_rollout(config.rollout)
     _validate_beam(config.beam)
+    _absolute_paths_for_portable_workers(config)
     flink = config.cluster.flink
     if flink.taskmanagers < 1 or flink.slots_per_taskmanager < 1:
         raise ConfigError("cluster.flink.taskmanagers and cluster.flink.slots_per_taskmanager must be 1 or more.")
@@ -1250,6 +1255,18 @@ def _validate_monitoring(monitoring: MonitoringConfig, features: list[str]) -> N
     if not 0 <= monitoring.retrain_cooldown_hours < float("inf"):
         raise ConfigError(f"monitoring.retrain_cooldown_hours is {monitoring.retrain_cooldown_hours}; set 0 (every "
                           "crossing retrains) or a positive number of hours, e.g. 24.")
+
+
+def _absolute_paths_for_portable_workers(config: PipelineConfig) -> None:
+    """A portable runner's SDK workers run in a folder of their own (a local Flink cluster's, a worker pool's): a
+    relative local data path or output root names nothing there, so each becomes absolute, read from this folder as
+    a local run reads it."""
+    if config.beam.runner not in ("PortableRunner", "FlinkRunner", "SparkRunner"):
+        return
+    for owner, key in ((config, "output_root"), (config, "artifact_root"), (config.data, "path")):
+        value = getattr(owner, key)
+        if value and "://" not in value and not os.path.isabs(value):
+            setattr(owner, key, os.path.abspath(value))
 
 
 RUNNER_CLASSES = {"direct": "DirectRunner", "flink": "FlinkRunner", "spark": "SparkRunner",

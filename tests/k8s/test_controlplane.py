@@ -28,7 +28,8 @@ def test_the_server_is_the_pinned_version_with_the_crds_established(control_plan
     assert {"httproutes.gateway.networking.k8s.io", "grpcroutes.gateway.networking.k8s.io",
             "gateways.gateway.networking.k8s.io", "gatewayclasses.gateway.networking.k8s.io",
             "podmonitors.monitoring.coreos.com", "tfjobs.kubeflow.org", "tfjobs.training.kubedl.io",
-            "inferences.serving.kubedl.io", "modelversions.model.kubedl.io"} <= names
+            "inferences.serving.kubedl.io", "modelversions.model.kubedl.io",
+            "flinkdeployments.flink.apache.org"} <= names
     for crd in crds:
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conditions.get("Established") == "True", crd["metadata"]["name"]

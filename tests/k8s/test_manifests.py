@@ -53,8 +53,8 @@ def test_every_kustomization_is_found():
     assert {"k8s/training", "k8s/training/overlays/kind", "k8s/training/job", "k8s/serving/base",
             "k8s/serving/overlays/dev", "k8s/serving/overlays/prod", "k8s/serving/overlays/object-storage",
             "k8s/serving/bootstrap", "k8s/serving/gateway-envoy", "k8s/serving/monitoring", "k8s/serving/rollout-job",
-            "k8s/serving/overlays/dev/loader", "k8s/kubedl", "k8s/kubedl/routes", "k8s/serving/monitor"} <= set(
-        KUSTOMIZATIONS)
+            "k8s/serving/overlays/dev/loader", "k8s/kubedl", "k8s/kubedl/routes", "k8s/serving/monitor",
+            "k8s/flink"} <= set(KUSTOMIZATIONS)
 
 
 def test_checkov_finds_nothing_and_every_skip_has_a_reason(rendered, tmp_path):

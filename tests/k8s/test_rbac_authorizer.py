@@ -17,7 +17,7 @@ from tests.k8s.kube_calls import LEASE, api_calls, named
 from tests.k8s.render import REPO, render
 
 # The kustomizations that create accounts, applied for real (their RBAC objects) before the reviews.
-ACCOUNT_KUSTOMIZATIONS = ("k8s/serving/base", "k8s/kubedl", "k8s/training/base")
+ACCOUNT_KUSTOMIZATIONS = ("k8s/serving/base", "k8s/kubedl", "k8s/training/base", "k8s/flink")
 # An account no manifest grants anything: what the authorizer lists for it is what every account may do.
 NOBODY = "system:serviceaccount:default:granted-nothing"
 TFJOB = REPO / "components/distributed/tfjob.py"
@@ -150,6 +150,18 @@ def test_the_pipeline_may_run_tfjobs_and_the_workers_call_nothing(control_plane,
         assert not allowed(control_plane, pipeline, where, group, resource, verb), (verb, resource, where)
     assert rules(control_plane, service_account("mlops", "mlops-trainer"), "mlops") == \
         rules(control_plane, NOBODY, "mlops")
+
+
+def test_the_flink_pods_get_no_rights(control_plane, accounts):
+    """k8s/flink's JobManager, TaskManagers and job server (standalone mode: Flink creates no pods) run as an account
+    granted nothing beyond what any authenticated user may do, and mount no token."""
+    assert accounts[("mlops", "flink")] == "k8s/flink"
+    flink = service_account("mlops", "flink")
+    assert rules(control_plane, flink, "mlops") == rules(control_plane, NOBODY, "mlops")
+    assert not allowed(control_plane, flink, "mlops", "", "pods", "create")
+    assert not allowed(control_plane, flink, "mlops", "", "configmaps", "get")
+    [account] = [o for o in render("k8s/flink") if o["kind"] == "ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
 
 
 def test_the_servers_and_the_monitor_get_no_rights(control_plane, accounts):

@@ -150,3 +150,18 @@ def test_the_synthetic_data_keeps_the_sample_s_columns_and_distributions(tmp_pat
     fares = [float(r[column["fare"]]) for r in rows if r[column["fare"]]]
     assert np.mean(fares) == pytest.approx(np.mean([float(r[column["fare"]]) for r in sample]), rel=0.03)
     assert len({tuple(r) for r in rows}) > 0.9 * len(rows), "rows are jittered, not copied"
+
+
+def test_a_portable_runners_workers_get_absolute_local_paths(tmp_path, monkeypatch):
+    """SDK workers run in a folder of their own: relative local paths become absolute for portable runners only;
+    absolute paths and URIs stay as written."""
+    monkeypatch.chdir(tmp_path)
+    relative = ["output_root=outputs", "data.path=data/taxi", "artifact_root=artifacts"]
+    flink = ["beam.runner=flink", "beam.job_endpoint=127.0.0.1:8099", "beam.environment_type=LOOPBACK"]
+    config = load_config(None, [*relative, *flink])
+    assert (config.output_root, config.data.path, config.artifact_root) == (
+        str(tmp_path / "outputs"), str(tmp_path / "data/taxi"), str(tmp_path / "artifacts"))
+    config = load_config(None, relative)
+    assert (config.output_root, config.data.path, config.artifact_root) == ("outputs", "data/taxi", "artifacts")
+    config = load_config(None, ["output_root=/mlops/outputs", "data.path=gs://bucket/taxi", *flink])
+    assert (config.output_root, config.data.path) == ("/mlops/outputs", "gs://bucket/taxi")

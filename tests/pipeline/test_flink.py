@@ -204,3 +204,14 @@ def test_a_cluster_needs_a_taskmanager_with_a_slot():
     for override in ("cluster.flink.taskmanagers=0", "cluster.flink.slots_per_taskmanager=0"):
         with pytest.raises(ConfigError, match="must be 1 or more"):
             load_config(None, [override])
+
+
+def test_the_taskmanagers_memory_settings_reach_flinks_conf(tmp_path):
+    """Flink's own default (no task off-heap memory) unless set: 10x the sample needed more direct memory."""
+    state = flink_cluster.ClusterState(rest_port=1, rpc_port=2, job_port=3, artifact_port=4, expansion_port=5,
+                                       worker_command="sdk-worker")
+    for overrides, off_heap in (([], "0m"), (["cluster.flink.taskmanager_task_off_heap_memory=512m"], "512m")):
+        settings = load_config(None, ["cluster.flink.taskmanager_memory=3072m", *overrides]).cluster.flink
+        conf = flink_cluster._flink_conf(flink_cluster.flink_home(settings), settings, state, tmp_path)
+        assert conf["taskmanager.memory.task.off-heap.size"] == off_heap
+        assert conf["taskmanager.memory.process.size"] == "3072m"

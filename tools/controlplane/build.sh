@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-controller-manager and etcd from the pinned modules of go.mod/go.sum into OUT/bin (OUT:
 # .cache/controlplane at the repository root by default) and copies the CRDs the manifests use from the pinned modules
-# of crds/go.mod/crds/go.sum into OUT/crds, for tests/k8s/controlplane.py. Skipped when OUT's stamp matches the go.mod,
-# go.sum files and this script. The Go build and module caches make a rebuild after a version bump incremental.
+# of crds/go.mod/crds/go.sum, and the flink-kubernetes-operator's from the Maven artifact crds/pom.xml pins, into
+# OUT/crds, for tests/k8s/controlplane.py. Skipped when OUT's stamp matches the go.mod, go.sum, pom.xml files and
+# this script. The Go build and module caches make a rebuild after a version bump incremental.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=$(mkdir -p "${1:-$HERE/../../.cache/controlplane}" && cd "${1:-$HERE/../../.cache/controlplane}" && pwd)
 GO=$(command -v go || echo /usr/local/go/bin/go)
+command -v mvn >/dev/null || { echo "mvn not found: the Flink operator's CRD comes from Maven Central; install Maven (Debian: apt-get install -y maven openjdk-17-jre-headless)." >&2; exit 1; }
 [ -x "$GO" ] || { echo "go not found: the test control plane is built from source; install Go 1.24+ (https://go.dev/dl) or put it on PATH." >&2; exit 1; }
 cd "$HERE"
-stamp=$(cat go.mod go.sum crds/go.mod crds/go.sum build.sh | sha256sum | cut -d' ' -f1)
+stamp=$(cat go.mod go.sum crds/go.mod crds/go.sum crds/pom.xml build.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ] \
     && [ -x "$OUT/bin/kube-apiserver" ] && [ -x "$OUT/bin/kube-controller-manager" ] && [ -x "$OUT/bin/etcd" ]; then
   exit 0
@@ -35,5 +37,10 @@ training_operator=$(module_dir github.com/kubeflow/training-operator)
 cp "$gateway_api"/config/crd/standard/*.yaml "$OUT/crds/"
 cp "$prometheus_operator/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$OUT/crds/"
 cp "$training_operator/manifests/base/crds/kubeflow.org_tfjobs.yaml" "$OUT/crds/"
+# The flink-kubernetes-operator's FlinkDeployment CRD, unpacked from its API jar (Maven's local repository caches it).
+unpacked=$(mktemp -d)
+mvn -B -q -f crds/pom.xml dependency:unpack -Dcrds.out="$unpacked"
+cp "$unpacked/META-INF/fabric8/flinkdeployments.flink.apache.org-v1.yml" "$OUT/crds/flinkdeployments.flink.apache.org.yaml"
+rm -rf "$unpacked"
 chmod u+w "$OUT"/crds/*.yaml
 echo "$stamp" > "$OUT/.stamp"

@@ -95,6 +95,9 @@ def test_a_misspelled_or_mistyped_field_is_refused(cluster, kind, mutate, refusa
     assert result.returncode != 0 and refusal in result.stderr, f"the broken {kind}: {result.stderr}"
 
 
+RESTRICTED_FLINK_NAMESPACE = "flink-restricted"
+
+
 def flink_pods() -> dict[str, dict]:
     """The JobManager's and TaskManagers' pods as the flink-kubernetes-operator makes them from k8s/flink's
     FlinkDeployment: each role's podTemplate, with the image put into the container it names flink-main-container
@@ -117,12 +120,16 @@ def flink_pods() -> dict[str, dict]:
 @pytest.mark.parametrize("role", ["jobManager", "taskManager"])
 def test_the_flink_pods_meet_the_restricted_standard(cluster, role):
     """PodSecurity judges a custom resource's pod templates only once its operator creates the pods: the API server
-    admits k8s/flink's JobManager and TaskManager pods (the latter with the SDK worker pool beside Flink) in their
-    namespace, which enforces `restricted`, and refuses them with the worker pool's root user put back."""
+    admits k8s/flink's JobManager and TaskManager pods (the latter with the SDK worker pool beside Flink) in a
+    namespace that enforces `restricted` (theirs, `mlops`, does not: KubeDL's injected init container needs that),
+    and refuses them with the worker pool's root user put back."""
+    cluster.namespace(RESTRICTED_FLINK_NAMESPACE)
     # The ServiceAccount admission plugin looks the pods' account up: it is created for real.
     [account] = [o for o in render("k8s/flink") if o["kind"] == "ServiceAccount"]
+    account["metadata"]["namespace"] = RESTRICTED_FLINK_NAMESPACE
     cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(account))
     pod = flink_pods()[role]
+    pod["metadata"]["namespace"] = RESTRICTED_FLINK_NAMESPACE
     result = dry_run(cluster, [pod])
     assert result.returncode == 0 and not server_warnings(result.stderr), result.stderr
     pod["spec"]["containers"][-1]["securityContext"].pop("runAsNonRoot")

@@ -6,6 +6,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -238,10 +239,14 @@ def _raw_input_specs(tft_output: tft.TFTransformOutput, layout: FeatureLayout) -
 
 
 def raw_tensors_to_parsed(
-    tensors: dict[str, tf.Tensor], tft_output: tft.TFTransformOutput
+    tensors: dict[str, tf.Tensor], tft_output: tft.TFTransformOutput, missing_values: Sequence[str] = ()
 ) -> dict[str, tf.Tensor | tf.SparseTensor]:
     """Turns one value per feature into what tf.Example parsing would give. Optional features become sparse,
-    and a missing value is NaN for floats, '' for strings and -1 for integers."""
+    and a missing value is NaN for floats, '' for strings and -1 for integers, or one of `missing_values` (the
+    training CSV's markers, which ExampleGen read as empty cells)."""
+    from components.exporter.preprocessing import marker_numbers
+
+    markers = [m.strip() for m in missing_values if m.strip()]
     raw_spec = tft_output.raw_feature_spec()
     parsed = {}
     for key, value in tensors.items():
@@ -251,10 +256,15 @@ def raw_tensors_to_parsed(
             continue
         if value.dtype == tf.string:
             present = tf.not_equal(value, "")
+            gaps = [tf.equal(tf.strings.strip(value), marker) for marker in markers]
         elif value.dtype.is_floating:
             present = tf.logical_not(tf.math.is_nan(value))
+            gaps = [tf.equal(value, tf.constant(n, value.dtype)) for n in marker_numbers(markers, integer=False)]
         else:
             present = tf.not_equal(value, -1)
+            gaps = [tf.equal(value, tf.constant(int(n), value.dtype)) for n in marker_numbers(markers, integer=True)]
+        for gap in gaps:
+            present = tf.logical_and(present, tf.logical_not(gap))
         rows = tf.where(present)
         indices = tf.concat([rows, tf.zeros_like(rows)], axis=1)
         parsed[key] = tf.SparseTensor(indices, tf.boolean_mask(value, present), [tf.shape(value, tf.int64)[0], 1])
@@ -308,7 +318,8 @@ class ServingModule(tf.Module):
     def serving_default(self) -> tf.types.experimental.ConcreteFunction:
         @tf.function(autograph=False, input_signature=[_raw_input_specs(self._tft_output, self._layout)])
         def serve_raw(features):
-            return serving_outputs(self._task, self._predict(raw_tensors_to_parsed(features, self._tft_output)))
+            return serving_outputs(self._task, self._predict(
+                raw_tensors_to_parsed(features, self._tft_output, self._layout.data.missing_values)))
 
         return serve_raw.get_concrete_function()
 

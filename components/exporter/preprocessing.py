@@ -6,8 +6,9 @@ constants the Transform analyzers computed. `build_spec` reads them from the Tra
 needs only NumPy, so this file is shipped beside the TFLite and ONNX artifacts as it is.
 
 A request is one array per raw feature; a missing value is NaN (or None) for floats, '' for strings and -1 for
-integers, as for the SavedModel. `postprocess` turns the converted model's output back into what the SavedModel
-answers: for a multiclass model the class names (the spec's `task.classes`) beside the probabilities.
+integers, as for the SavedModel, or one of the training CSV's missing-value markers (the spec's `missing_values`).
+`postprocess` turns the converted model's output back into what the SavedModel answers: for a multiclass model the
+class names (the spec's `task.classes`) beside the probabilities.
 """
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def build_spec(transform_output_dir: str, layout: Any) -> dict[str, Any]:
         features.append({"name": key, "kind": "datetime", **raw_type(key), "fields": datetime_fields(fmt),
                          "parts": parts})
     return {"version": SPEC_VERSION, "output_suffix": transformed_name(""), "features": features,
-            "task": task_from_transform(layout.label, tft_output).describe()}
+            "task": task_from_transform(layout.label, tft_output).describe(),
+            "missing_values": [m.strip() for m in layout.data.missing_values if m.strip()]}
 
 
 def transformed_inputs(spec: dict[str, Any]) -> list[tuple[str, str]]:
@@ -125,6 +127,33 @@ def _column(columns: Mapping[str, Sequence[Any]], feature: dict[str, Any]) -> np
                          for v in values], dtype=object)
     except (TypeError, ValueError, OverflowError) as e:
         raise RequestError(f"feature '{name}' must hold {dtype} values: {e}.") from None
+
+
+def marker_numbers(markers: Sequence[str], integer: bool) -> list[float]:
+    """The missing-value markers that are numbers (whole numbers only for an integer column)."""
+    numbers = []
+    for marker in markers:
+        try:
+            number = float(marker)
+        except ValueError:
+            continue
+        if not integer or number.is_integer():
+            numbers.append(number)
+    return numbers
+
+
+def _marked_missing(values: np.ndarray, feature: dict[str, Any], markers: Sequence[str]) -> np.ndarray:
+    """An optional feature's cells holding one of the training CSV's missing-value markers (which ExampleGen read as
+    empty cells) as the gap of its dtype: '', NaN or -1."""
+    if not markers or not feature["optional"]:
+        return values
+    if feature["dtype"] == "string":
+        return np.array(["" if v.strip() in markers else v for v in values], dtype=object)
+    numbers = marker_numbers(markers, feature["dtype"] == "int")
+    if not numbers:
+        return values
+    return np.where(np.isin(values, numbers), np.nan if feature["dtype"] == "float" else -1, values
+                    ).astype(values.dtype)
 
 
 def _as_float(values: np.ndarray, feature: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -225,8 +254,9 @@ def preprocess(spec: dict[str, Any], columns: Mapping[str, Sequence[Any]]) -> di
     TF.js take); a date feature gives `<name>_year_xf` (float32) and the ids of its month, day of week and hour."""
     outputs = {}
     rows = None
+    markers = spec.get("missing_values", [])
     for feature in spec["features"]:
-        values = _column(columns, feature)
+        values = _marked_missing(_column(columns, feature), feature, markers)
         if rows is not None and len(values) != rows:
             raise RequestError(f"feature '{feature['name']}' has {len(values)} values, others {rows}; send one "
                                "value per row for every feature.")

@@ -23,6 +23,8 @@ CUSTOM_CONFIG = {
         "bucket_features": ["lat"],
         "vocab_features": ["payment_type", "tract"],
         "category_features": ["hour", "area"],
+        # The training CSV's markers: a request holding one is read as missing by every format.
+        "missing_values": ["NA", "-999"],
     },
     "label": {"name": "big_tipper", "column": "tips", "threshold": 0.2, "relative_to": "fare", "positive_value": ""},
     "transform": {"bucket_count": 5, "vocab_size": 100, "oov_buckets": 1},

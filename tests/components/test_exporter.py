@@ -284,3 +284,30 @@ def test_one_tflite_converter_for_every_variant_gives_each_variant_s_own_model(s
         convert.export_tflite(core_dir, variant, str(tmp_path / f"own_{variant}.tflite"), representative)
         own = (tmp_path / f"own_{variant}.tflite").read_bytes()
         assert (tmp_path / f"shared_{variant}.tflite").read_bytes() == own, variant
+
+
+def test_every_format_reads_the_training_csvs_markers_as_missing(exported, small):
+    """The small model's data.missing_values are NA and -999 (ExampleGen read them as empty cells): a request that
+    holds one gets the answer of the same row with the gap, from the SavedModel and from each converted format."""
+    from components.exporter.preprocessing import load_spec
+    from components.exporter.runtimes import TfjsRunner
+
+    output_dir, _ = exported
+    spec = load_spec(str(output_dir / "tflite" / "preprocessing.json"))
+    assert spec["missing_values"] == ["NA", "-999"]
+    rows = slice(0, 30)
+    gaps = {name: np.array(values[rows], copy=True) for name, values in small.columns.items()}
+    marked = {name: np.array(values, copy=True) for name, values in gaps.items()}
+    # A float, an integer and a string column, each optional in the schema: ten rows each.
+    gaps["trip_miles"][0:10], marked["trip_miles"][0:10] = np.nan, -999.0
+    gaps["trip_seconds"][10:20], marked["trip_seconds"][10:20] = -1, -999
+    gaps["payment_type"][20:30], marked["payment_type"][20:30] = "", " NA"
+    runners = {"saved_model": SavedModelRunner(str(output_dir)),
+               "tflite/float32": TFLiteRunner(str(output_dir / "tflite" / "model_float32.tflite"), spec),
+               "onnx": OnnxRunner(str(output_dir / "onnx" / "model.onnx"), spec),
+               "tfjs": TfjsRunner(str(output_dir / "tfjs"), convert.NODE_DIR, "probabilities")}
+    for name, runner in runners.items():
+        with_gaps, with_markers = runner.predict(gaps), runner.predict(marked)
+        np.testing.assert_array_equal(with_markers, with_gaps, err_msg=name)
+        # The markers are not read as values: -999 miles would move the answer.
+        assert not np.array_equal(with_gaps, runner.predict({**gaps, "trip_miles": np.full(30, -998.0)})), name

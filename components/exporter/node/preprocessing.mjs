@@ -20,6 +20,17 @@ function column(columns, feature) {
   });
 }
 
+// An optional feature's cells holding one of the training CSV's missing-value markers as the gap of its dtype
+// (preprocessing.py's _marked_missing).
+function markedMissing(values, feature, markers) {
+  if (!markers.length || !feature.optional) return values;
+  if (feature.dtype === 'string') return values.map((v) => (markers.includes(v.trim()) ? '' : v));
+  const numbers = markers.map(Number).filter((n) => !Number.isNaN(n)
+    && (feature.dtype !== 'int' || Number.isInteger(n)));
+  const gap = feature.dtype === 'float' ? NaN : -1;
+  return values.map((v) => (numbers.includes(v) ? gap : v));
+}
+
 // float32 values and which are present, as the Transform graph sees them.
 function asFloat(values, feature) {
   return values.map((v) => {
@@ -116,7 +127,7 @@ export function preprocess(spec, columns) {
   const outputs = {};
   let rows = null;
   for (const feature of spec.features) {
-    const values = column(columns, feature);
+    const values = markedMissing(column(columns, feature), feature, spec.missing_values || []);
     if (rows !== null && values.length !== rows) {
       throw new RequestError(`feature '${feature.name}' has ${values.length} values, others ${rows}; ` +
         'send one value per row for every feature.');

@@ -89,6 +89,10 @@ class Backend(ABC):
     def check_version(self, model: str, version: int) -> None:
         """Raises BackendError when `version` cannot be rolled out (not published, files changed)."""
 
+    @abstractmethod
+    def check_routing(self) -> None:
+        """Raises BackendError when the routes that split the traffic do not carry it (a route no gateway took)."""
+
 
 class LocalBackend(Backend):
     """`mlops serve --model-config <repo>/models.config` (stable) and `--model-config <repo>/models.canary.config`
@@ -178,6 +182,9 @@ class LocalBackend(Backend):
             return int(json.loads(self.routes_path.read_text())["canary"])
         except (OSError, ValueError, KeyError):
             return 0
+
+    def check_routing(self) -> None:
+        return None  # no routes: the local router's weight is set and read back by the controller itself
 
     def check_version(self, model: str, version: int) -> None:
         check_published_version(self.base_dir, model, version)

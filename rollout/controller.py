@@ -261,6 +261,7 @@ class Controller:
                                "--allow-downgrade to roll it back in (while both are loaded, unversioned requests go "
                                "to the higher version).")
         self.backend.check_version(self.model, candidate)
+        self.backend.check_routing()
         if self.skew_check is not None:
             try:
                 self.skew_check.ready(candidate)
@@ -312,8 +313,10 @@ class Controller:
         C, step = s["candidate"], s["step"]
         weight = self.steps[step - 1] if step else 0
         try:
-            # Again before every step: a published version's files must not change under a running rollout.
+            # Again before every step: a published version's files must not change under a running rollout, and a
+            # route that lost its gateway would make the step's window judge traffic the weights do not send.
             self.backend.check_version(self.model, C)
+            self.backend.check_routing()
         except BackendError as e:
             return self._begin_rollback(s, str(e))
         # The weight of the committed step is set here, never before its commit: a controller killed in between

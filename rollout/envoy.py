@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from rollout.backends import BackendError
+from rollout.route_status import route_status
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # `make envoy-gateway` builds it there (tools/envoy-gateway/build.sh); `make setup` installs kubectl there.
@@ -168,9 +169,9 @@ class Translation:
     endpoints: list[dict]
 
 
-def translate(objects: GatewayObjects, folder: Path, egctl: Path = EGCTL) -> Translation:
-    """Runs Envoy Gateway's translator over the objects; raises TranslationRefused with its words when it refuses
-    one (a route not Accepted, a backendRef not resolved, a Gateway or listener not programmed)."""
+def translator_answer(objects: GatewayObjects, folder: Path, egctl: Path = EGCTL) -> dict[str, Any]:
+    """`egctl experimental translate` over the objects: the Gateway API objects with the status Envoy Gateway
+    computed for them, and the xDS resources, unchecked."""
     if not egctl.exists():
         raise RouterError(f"{egctl} is missing: run `make envoy-gateway` (it builds Envoy Gateway's egctl).")
     folder.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,13 @@ def translate(objects: GatewayObjects, folder: Path, egctl: Path = EGCTL) -> Tra
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise TranslationRefused(f"Envoy Gateway's translator refused {source}: {result.stderr.strip()}")
-    answer = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def translate(objects: GatewayObjects, folder: Path, egctl: Path = EGCTL) -> Translation:
+    """Runs Envoy Gateway's translator over the objects; raises TranslationRefused with its words when it refuses
+    one (a route not Accepted, a backendRef not resolved, a Gateway or listener not programmed)."""
+    answer = translator_answer(objects, folder, egctl)
     _check_status(answer)
     dumps = answer.get("xds", {})
     if len(dumps) != 1:
@@ -226,16 +233,7 @@ def _check_status(answer: Mapping[str, Any]) -> None:
                                    f"({condition['reason']}: {condition.get('message', '')})")
     for kind, key in (("HTTPRoute", "httpRoutes"), ("GRPCRoute", "grpcRoutes")):
         for route in _as_list(answer.get(key)):
-            name = f"{kind} {route['metadata'].get('namespace')}/{route['metadata']['name']}"
-            parents = route.get("status", {}).get("parents", [])
-            if not parents:
-                refused.append(f"{name}: no parent took it (no status written)")
-            for parent in parents:
-                for condition in parent.get("conditions", []):
-                    if condition["type"] in ("Accepted", "ResolvedRefs") and condition["status"] != "True":
-                        refused.append(f"{name} on {parent['parentRef'].get('name')}/"
-                                       f"{parent['parentRef'].get('sectionName', '')}: {condition['type']}="
-                                       f"{condition['status']} ({condition['reason']}: {condition.get('message', '')})")
+            refused += route_status(kind, route).problems
     if refused:
         raise TranslationRefused("Envoy Gateway's translator refused: " + "; ".join(refused))
 

@@ -1,9 +1,9 @@
 """The cluster backends, through the official `kubernetes` client: `kubernetes` (k8s/serving: the tracks' models.config
-ConfigMaps, Gateway API route weights, pods' model status read through the API server's pod proxy, the rollout state
-in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per model version behind the project's Gateway API
-routes). The pods' metrics come from Prometheus (rollout/prometheus.py). Every update carries the
-resourceVersion it read; a 409 Conflict means someone changed the object meanwhile, so the change is made again on a
-fresh read."""
+ConfigMaps, Gateway API route weights, pods' model status read at each pod's IP (in the cluster) or through the API
+server's pod proxy (outside it), the rollout state in a ConfigMap) and `kubedl` (k8s/kubedl: one KubeDL Inference per
+model version behind the project's Gateway API routes). The pods' metrics come from Prometheus (rollout/prometheus.py).
+Every update carries the resourceVersion it read; a 409 Conflict means someone changed the object meanwhile, so the
+change is made again on a fresh read."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +13,8 @@ import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -22,6 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from rollout.backends import Backend, BackendError, Endpoint, ServerView, check_published_version
 from rollout.metrics import MetricsSource
+from rollout.route_status import route_status
 from rollout.state import (
     EMPTY,
     ControllerBusyError,
@@ -38,17 +41,34 @@ GATEWAY = ("gateway.networking.k8s.io", "v1")
 CONFLICT_RETRIES = 8
 
 
-def api_client(kubeconfig: str = "") -> client.ApiClient:
-    """The in-cluster service account when running in a pod, else a kubeconfig file."""
+# A pod's model status answers at once when its server is up; a hung pod must not stall the controller's poll.
+STATUS_READ_TIMEOUT_S = 5.0
+
+
+def connect(kubeconfig: str = "") -> tuple[client.ApiClient, bool]:
+    """(client, whether it is the in-cluster service account): the pod's own account when running in a pod and no
+    kubeconfig is named, else a kubeconfig file."""
     from kubernetes import config
 
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
+        return config.new_client_from_config(config_file=kubeconfig), False
     try:
         config.load_incluster_config()
-        return client.ApiClient()
+        return client.ApiClient(), True
     except config.ConfigException:
-        return config.new_client_from_config()
+        return config.new_client_from_config(), False
+
+
+def api_client(kubeconfig: str = "") -> client.ApiClient:
+    """The in-cluster service account when running in a pod, else a kubeconfig file."""
+    return connect(kubeconfig)[0]
+
+
+def status_reads_for(setting: str, in_cluster: bool) -> str:
+    """`auto` resolved: a controller in a pod reads the pods at their IPs, one outside through the API server."""
+    if setting != "auto":
+        return setting
+    return "pod_ip" if in_cluster else "api_server_proxy"
 
 
 def update_with_retries(read: Callable[[], Any], change: Callable[[Any], bool], write: Callable[[Any], Any],
@@ -301,21 +321,48 @@ class Lease:
             pass  # the Lease then expires after its duration by itself
 
 
+def _pod_ip_get(pod: client.V1Pod, port: int, path: str) -> tuple[int, str]:
+    """GET on the pod's port at its IP, as the Service's traffic reaches it: what k8s/serving's NetworkPolicy admits
+    from the rollout controller's pods, with no API server in between."""
+    ip = pod.status.pod_ip if pod.status else None
+    if not ip:
+        return 0, "the pod has no IP yet"
+    url = f"http://{f'[{ip}]' if ':' in ip else ip}:{port}/{path.lstrip('/')}"
+    try:
+        with urllib.request.urlopen(url, timeout=STATUS_READ_TIMEOUT_S) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, f"GET {url}: {getattr(e, 'reason', e)}"
+
+
 class _PodsMixin:
     core: client.CoreV1Api
     namespace: str
     rest_port: int
+    # "pod_ip" or "api_server_proxy" (status_reads_for): how each pod's model status is read.
+    status_reads: str
 
-    def _pods(self, selector: str) -> list[str]:
+    def _pods(self, selector: str) -> list[client.V1Pod]:
         """The Ready pods that are not terminating: the ones a Service sends traffic to (EndpointSlice readiness,
         kubernetes v1.30 pkg/controller/endpointslice/reconciler.go, podutil.IsPodReady and DeletionTimestamp)."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
-        return sorted(p.metadata.name for p in pods if p.status and p.status.phase == "Running"
-                      and p.metadata.deletion_timestamp is None
-                      and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
+        return sorted((p for p in pods if p.status and p.status.phase == "Running"
+                       and p.metadata.deletion_timestamp is None
+                       and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])),
+                      key=lambda p: p.metadata.name)
+
+    def _status_get(self, pod: client.V1Pod, path: str) -> tuple[int, str]:
+        """GET on the pod's REST port: (status, body), status 0 when nothing answered."""
+        if self.status_reads == "pod_ip":
+            return _pod_ip_get(pod, self.rest_port, path)
+        return self._proxy_get(pod.metadata.name, path)
 
     def _proxy_get(self, pod: str, path: str) -> tuple[int, str]:
-        """GET on the pod's REST port through the API server's pod proxy: (status, body)."""
+        """Through the API server's pod proxy, for a controller outside the cluster. The connection then comes from
+        the control plane, which a NetworkPolicy may not admit (docs/tutorials/kubernetes.md), and the account needs
+        `pods/proxy`, which the in-cluster Roles do not grant."""
         try:
             response = self.core.connect_get_namespaced_pod_proxy_with_path(
                 f"{pod}:{self.rest_port}", self.namespace, path.lstrip("/"), _preload_content=False)
@@ -327,17 +374,18 @@ class _PodsMixin:
         views = []
         path = f"v1/models/{model}" + (f"/versions/{version}" if version is not None else "")
         for pod in self._pods(selector):
-            status, body = self._proxy_get(pod, path)
+            status, body = self._status_get(pod, path)
             if status == 404:
-                views.append(ServerView(pod, "NOT_FOUND"))
+                views.append(ServerView(pod.metadata.name, "NOT_FOUND"))
                 continue
             try:
                 rows = json.loads(body)["model_version_status"]
             except (ValueError, KeyError, TypeError):
-                views.append(ServerView(pod, "UNREACHABLE", f"{status}: {body[:200]}"))
+                views.append(ServerView(pod.metadata.name, "UNREACHABLE", f"{status}: {body[:200]}"))
                 continue
             row = next((r for r in rows if version is None or int(r["version"]) == version), rows[0])
-            views.append(ServerView(pod, row.get("state", "UNKNOWN"), row.get("status", {}).get("error_message", "")))
+            views.append(ServerView(pod.metadata.name, row.get("state", "UNKNOWN"),
+                                    row.get("status", {}).get("error_message", "")))
         return views
 
     def _label_views(self, selector: str, model: str, label: str) -> list[int | None]:
@@ -346,7 +394,7 @@ class _PodsMixin:
         # through ServerCore::GetServableHandle, which answers only for an AVAILABLE version, and names it.
         versions: list[int | None] = []
         for pod in self._pods(selector):
-            status, body = self._proxy_get(pod, f"v1/models/{model}/labels/{label}/metadata")
+            status, body = self._status_get(pod, f"v1/models/{model}/labels/{label}/metadata")
             try:
                 versions.append(int(json.loads(body)["model_spec"]["version"]) if status == 200 else None)
             except (ValueError, KeyError, TypeError):
@@ -354,16 +402,59 @@ class _PodsMixin:
         return versions
 
 
-class KubernetesBackend(_PodsMixin, Backend):
+class _RoutesMixin:
+    """The route reads both cluster backends share: two routes (REST, gRPC) in the backend's namespace."""
+    custom: client.CustomObjectsApi
+    namespace: str
+    timeout_s: float
+    ROUTES_HINT: str
+
+    def _route(self, plural: str, name: str) -> dict[str, Any]:
+        try:
+            return self.custom.get_namespaced_custom_object(*GATEWAY, self.namespace, plural, name)
+        except ApiException as e:
+            raise BackendError(f"cannot read {plural} {self.namespace}/{name} ({e.status} {e.reason}); install the "
+                               f"Gateway API CRDs and {self.ROUTES_HINT}.") from None
+
+    def _route_names(self) -> list[tuple[str, str, str]]:
+        settings = self.settings  # type: ignore[attr-defined]
+        return [("httproutes", "HTTPRoute", settings.http_route), ("grpcroutes", "GRPCRoute", settings.grpc_route)]
+
+    def check_routing(self) -> None:
+        """Each route's status as its Gateway's controller wrote it (rollout/route_status.py); a status that judged
+        an older generation of the route (a weight written a moment ago) is waited for, up to the load timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            problems, stale = [], []
+            for plural, kind, name in self._route_names():
+                status = route_status(kind, self._route(plural, name))
+                problems += status.problems
+                stale += status.stale
+            if problems:
+                raise BackendError("the routes do not carry traffic: " + "; ".join(problems) + ". Fix the route or "
+                                   "its Gateway (`kubectl describe` the route shows its status) and start again.")
+            if not stale:
+                return
+            if time.monotonic() > deadline:
+                raise BackendError(f"the Gateway's controller has not processed the routes' latest change within "
+                                   f"{self.timeout_s:.0f}s: " + "; ".join(stale) + ". Check that it runs.")
+            time.sleep(1.0)
+
+
+class KubernetesBackend(_RoutesMixin, _PodsMixin, Backend):
     """k8s/serving: two Deployments (tracks) reading their models.config ConfigMaps, behind weighted routes."""
 
     name = "kubernetes"
+    ROUTES_HINT = "apply k8s/serving"
 
     def __init__(self, settings: RolloutKubernetesConfig, model: str, endpoints: dict[str, list[Endpoint]],
                  timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
                  metrics: MetricsSource | None = None, repository_dir: str = "") -> None:
-        api = api or api_client(settings.kubeconfig)
+        in_cluster = False
+        if api is None:
+            api, in_cluster = connect(settings.kubeconfig)
+        self.status_reads = status_reads_for(settings.status_reads, in_cluster)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.settings = settings
@@ -422,13 +513,6 @@ class KubernetesBackend(_PodsMixin, Backend):
 
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
         return self._label_views(self._selector(track), model, label)
-
-    def _route(self, plural: str, name: str) -> dict[str, Any]:
-        try:
-            return self.custom.get_namespaced_custom_object(*GATEWAY, self.namespace, plural, name)
-        except ApiException as e:
-            raise BackendError(f"cannot read {plural} {self.namespace}/{name} ({e.status} {e.reason}); install the "
-                               "Gateway API CRDs and apply k8s/serving.") from None
 
     def set_canary_weight(self, percent: int) -> None:
         weights = {self.settings.stable_service: 100 - percent, self.settings.canary_service: percent}
@@ -489,7 +573,7 @@ def _with_model(config, model: str, versions: list[int], labels: dict[str, int],
     return wanted
 
 
-class KubeDLBackend(_PodsMixin, Backend):
+class KubeDLBackend(_RoutesMixin, _PodsMixin, Backend):
     """k8s/kubedl: one KubeDL Inference per model version, `<inference>-v<version>` with the one predictor
     `<predictor>`, and the traffic split by the project's own Gateway API routes in front of KubeDL's predictor
     Services: backendRefs[0] of each route is the stable track, backendRefs[1] the canary.
@@ -508,6 +592,7 @@ class KubeDLBackend(_PodsMixin, Backend):
 
     name = "kubedl"
     supports_labels = False
+    ROUTES_HINT = "create k8s/kubedl's routes"
     INFERENCES = ("serving.kubedl.io", "v1alpha1", "inferences")
     MODEL_VERSIONS = ("model.kubedl.io", "v1alpha1", "modelversions")
     TFJOBS = ("training.kubedl.io", "v1alpha1", "tfjobs")
@@ -518,7 +603,10 @@ class KubeDLBackend(_PodsMixin, Backend):
                  timeout_s: float,
                  api: client.ApiClient | None = None, lease_duration_s: float = 30.0,
                  metrics: MetricsSource | None = None) -> None:
-        api = api or api_client(settings.kubeconfig)
+        in_cluster = False
+        if api is None:
+            api, in_cluster = connect(settings.kubeconfig)
+        self.status_reads = status_reads_for(settings.status_reads, in_cluster)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.settings = settings
@@ -540,13 +628,6 @@ class KubeDLBackend(_PodsMixin, Backend):
         prefix, suffix = f"{self.settings.inference}-v", f"-{self.settings.predictor}"
         middle = service[len(prefix):-len(suffix)] if service.startswith(prefix) and service.endswith(suffix) else ""
         return int(middle) if middle.isdigit() else None
-
-    def _route(self, plural: str, name: str) -> dict[str, Any]:
-        try:
-            return self.custom.get_namespaced_custom_object(*GATEWAY, self.namespace, plural, name)
-        except ApiException as e:
-            raise BackendError(f"cannot read {plural} {self.namespace}/{name} ({e.status} {e.reason}); install the "
-                               "Gateway API CRDs and create k8s/kubedl's routes.") from None
 
     @staticmethod
     def _refs(route: dict[str, Any], what: str) -> list[dict[str, Any]]:

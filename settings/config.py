@@ -461,6 +461,10 @@ class RolloutKubernetesConfig:
     rest_port: int = 8501
     # TF Serving's Prometheus page on that port.
     metrics_path: str = "/monitoring/prometheus/metrics"
+    # How the controller reads each pod's model status: "pod_ip" GETs the REST port at the pod's IP (a controller in
+    # the cluster, which the NetworkPolicy admits there), "api_server_proxy" goes through the API server's pod proxy
+    # (a controller outside; NetworkPolicy-enforcing clusters may refuse it); "auto": pod_ip in a pod, else the proxy.
+    status_reads: Literal["auto", "pod_ip", "api_server_proxy"] = "auto"
     # Golden requests go to the two Services (the controller runs in the cluster, or behind port-forwards).
     stable_rest: list[str] = field(default_factory=lambda: ["http://tfserving-stable.mlops-serving.svc:8501"])
     # The stable Service's gRPC target.
@@ -505,6 +509,10 @@ class RolloutKubeDLConfig:
     rest_port: int = 8501
     # TF Serving's Prometheus page on that port.
     metrics_path: str = "/monitoring/prometheus/metrics"
+    # How the controller reads each pod's model status: "pod_ip" GETs the REST port at the pod's IP (a controller in
+    # the cluster, which the NetworkPolicy admits there), "api_server_proxy" goes through the API server's pod proxy
+    # (a controller outside; NetworkPolicy-enforcing clusters may refuse it); "auto": pod_ip in a pod, else the proxy.
+    status_reads: Literal["auto", "pod_ip", "api_server_proxy"] = "auto"
     # The stable version's predictor Service, REST ({inference}, {predictor}, {namespace} filled in) ...
     stable_rest: list[str] = field(default_factory=lambda: [KUBEDL_SERVICE_REST])
     # ... and gRPC.

@@ -19,6 +19,9 @@ CORE_KINDS = {"config_map": ("", "configmaps"), "pod": ("", "pods"), "pod_proxy"
 CUSTOM_PLURALS = {"httproutes": "gateway.networking.k8s.io", "grpcroutes": "gateway.networking.k8s.io",
                   "inferences": "serving.kubedl.io", "modelversions": "model.kubedl.io", "tfjobs": "training.kubedl.io"}
 CALL = re.compile(r"^(connect_get|read|list|create|replace|patch|delete|get)_namespaced_(\w+)$")
+# Methods only a controller outside the cluster runs, with its user's own credentials, never a manifest's account:
+# the pod proxy (rollout.<backend>.status_reads resolves `auto` to it only without an in-cluster config).
+OUTSIDE_CLUSTER_ONLY = {"_proxy_get"}
 # The controller's Lease (issue 24): created, read, and updated to renew, take over or release it. Counted whether
 # or not kube.py has it yet, so the Role is ready for it.
 LEASE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
@@ -45,9 +48,9 @@ def _plurals(node: ast.AST, owner: ast.ClassDef) -> set[str]:
     return found
 
 
-def api_calls(class_name: str) -> set[tuple[str, str, str]]:
+def api_calls(class_name: str, in_cluster: bool = True) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every Kubernetes API call the class makes, with its bases and the kube.py classes
-    it constructs."""
+    it constructs; in the cluster, without OUTSIDE_CLUSTER_ONLY's."""
     classes = _classes()
     seen, todo, calls = set(), [class_name], set()
     while todo:
@@ -59,7 +62,8 @@ def api_calls(class_name: str) -> set[tuple[str, str, str]]:
         todo += [b.id for b in owner.bases if isinstance(b, ast.Name)]
         todo += [n.func.id for n in ast.walk(owner) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
         class_plurals = _plurals(owner, owner)
-        for function in [n for n in ast.walk(owner) if isinstance(n, ast.FunctionDef)]:
+        for function in [n for n in ast.walk(owner) if isinstance(n, ast.FunctionDef)
+                         and not (in_cluster and n.name in OUTSIDE_CLUSTER_ONLY)]:
             for node in ast.walk(function):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                     continue

@@ -24,7 +24,8 @@ def test_the_rollout_job_runs_the_controller_as_that_account():
 def test_the_calls_read_from_the_code_are_the_ones_it_makes():
     calls = api_calls("KubernetesBackend")
     assert ("", "configmaps", "update") in calls and ("gateway.networking.k8s.io", "httproutes", "update") in calls
-    assert ("", "pods", "list") in calls and ("", "pods/proxy", "get") in calls
+    assert ("", "pods", "list") in calls and ("", "pods/proxy", "get") not in calls
+    assert ("", "pods/proxy", "get") in api_calls("KubernetesBackend", in_cluster=False)
     assert ("", "pods", "watch") not in calls
     kubedl = api_calls("KubeDLBackend")
     assert ("serving.kubedl.io", "inferences", "create") in kubedl

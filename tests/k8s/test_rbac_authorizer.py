@@ -113,7 +113,8 @@ def test_the_rollout_controller_may_make_its_calls_and_no_other(control_plane, a
     unnamed = {(g, r, v) for g, r, v, n in needed if n is None}
     needless = {rule for rule in granted if rule not in needed and rule[:3] not in unnamed}
     assert not needless, f"the Role grants what {class_name} never calls: {sorted(needless, key=str)}"
-    # A sample of what it must not do: another object, another namespace, secrets, pods' exec, a delete.
+    # A sample of what it must not do: another object, another namespace, secrets, pods' exec or proxy (in the
+    # cluster it reads pods at their IPs), a delete.
     stable_config = sorted(names[("", "configmaps")])[0]
     for group, resource, verb, name, where in [
             ("", "configmaps", "get", "kube-root-ca.crt", namespace),
@@ -122,6 +123,7 @@ def test_the_rollout_controller_may_make_its_calls_and_no_other(control_plane, a
             ("", "configmaps", "list", None, namespace),
             ("", "secrets", "get", None, namespace), ("", "secrets", "list", None, namespace),
             ("", "pods", "create", None, namespace), ("", "pods/exec", "create", None, namespace),
+            ("", "pods/proxy", "get", None, namespace),
             ("apps", "deployments", "patch", None, namespace),
             ("gateway.networking.k8s.io", "httproutes", "update", "another-route", namespace),
             ("gateway.networking.k8s.io", "httproutes", "delete", sorted(names[(

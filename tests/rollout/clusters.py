@@ -37,6 +37,15 @@ ONE_STEP_PROMOTION = [
     ("retain", "done")]
 
 
+def accepted(route: dict) -> dict:
+    """The route with the status Envoy Gateway writes on one it programs (gateway internal/gatewayapi/status/route.go:
+    one entry per parentRef, Accepted and ResolvedRefs True); the real one is computed in test_route_status_real.py."""
+    conditions = [{"type": t, "status": "True", "reason": t, "message": ""} for t in ("Accepted", "ResolvedRefs")]
+    route["status"] = {"parents": [{"parentRef": ref, "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+                                    "conditions": conditions} for ref in route["spec"]["parentRefs"]]}
+    return route
+
+
 def _track_config(path: Path) -> tuple[list[int], dict[str, int]]:
     config = read_model_server_config(path).model_config_list.config[0]
     return sorted(config.model_version_policy.specific.versions), dict(config.version_labels)
@@ -210,7 +219,7 @@ class ServingCluster(BaseCluster):
                                               poll_seconds=0.05)
         for route in yaml.safe_load_all((REPO_ROOT / "k8s/serving/bootstrap/routes.yaml").read_text()):
             route["metadata"]["namespace"] = NAMESPACE
-            self.fake.add(route)
+            self.fake.add(accepted(route))
         for pod, track in {"stable-a": "stable", "stable-b": "stable", "canary-a": "canary"}.items():
             self.add_pod(pod, {"app.kubernetes.io/name": "tfserving", "app.kubernetes.io/track": track},
                          lambda path, track=track: self.proxy(track, path))
@@ -343,7 +352,7 @@ class KubeDLCluster(BaseCluster):
             route["metadata"]["namespace"] = NAMESPACE
             for ref in route["spec"]["rules"][0]["backendRefs"]:
                 ref["name"] = "taxi-v1-serve"
-            self.fake.add(route)
+            self.fake.add(accepted(route))
         self.fake.add(inference)
         self.kubedl(None, self.fake.find("Inference", NAMESPACE, "taxi-v1"))
         self.fake.watchers.insert(0, self.kubedl)

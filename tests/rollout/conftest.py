@@ -41,13 +41,13 @@ def answering_version(value: float) -> int | None:
 
 
 class ServeProcess:
-    """`python -m serving.cli serve --model-config FILE` on free loopback ports."""
+    """`python -m serving.cli serve --model-config FILE` on free loopback ports (or the REST port and address given)."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(self, config_path: Path, log_path: Path, host: str = "127.0.0.1", rest_port: int = 0) -> None:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", "serve", "--model-config", str(config_path), "--rest-port", "0",
-             "--grpc-port", "0", "--poll-seconds", "0.1",
+            [sys.executable, "-m", "serving.cli", "serve", "--model-config", str(config_path), "--host", host,
+             "--rest-port", str(rest_port), "--grpc-port", "0", "--poll-seconds", "0.1",
              # A broken version is retried once, quickly, so its failure reaches the controller in a test's time.
              "--max_num_load_retries", "1", "--load_retry_interval_micros", "200000"],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self.log, text=True,

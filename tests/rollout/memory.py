@@ -50,6 +50,8 @@ class MemoryBackend(Backend):
         # ("labels can be assigned only to model versions that are already loaded and available", tensorflow/serving
         # 2.16 docs/serving_config.md; ServerCore::UpdateModelVersionLabelMap in model_servers/server_core.cc).
         self.refused_labels: list[tuple[str, str, int]] = []
+        # Why the routes carry no traffic (a route no gateway took), as KubernetesBackend.check_routing reads it.
+        self.detached = ""
 
     def served(self) -> dict[str, Any]:
         """What `Controller.served_state` reads back, straight from the fake."""
@@ -103,6 +105,10 @@ class MemoryBackend(Backend):
         assert model == MODEL, f"a backend call for model {model!r}"
         if version not in self.published:
             raise BackendError(f"version {version} of {model!r} is not published.")
+
+    def check_routing(self) -> None:
+        if self.detached:
+            raise BackendError(self.detached)
 
 
 class OneVersionBackend(MemoryBackend):

@@ -448,6 +448,22 @@ def test_a_version_that_fails_to_load_on_either_track_is_rolled_back(tmp_path, f
     assert fleet.backend.served() == BEFORE
 
 
+def test_routes_that_carry_no_traffic_refuse_the_start_and_roll_back_a_running_rollout(tmp_path):
+    """Issue 42 item 10: a route no gateway took would let windows judge traffic the weights never send."""
+    fleet = Fleet(tmp_path)
+    fleet.backend.detached = "the routes do not carry traffic: HTTPRoute mlops-serving/tfserving: no gateway took it"
+    with pytest.raises(BackendError, match="^the routes do not carry traffic: "):
+        fleet.controller().start(2)
+    assert fleet.backend.writes == [] and fleet.store.load()[0]["current"] is None, "nothing started"
+    fleet.backend.detached = ""
+    # Detached after the canary loaded, before the first step's verification: rolled back with the reason.
+    fleet.backend.after_write = lambda write: setattr(fleet.backend, "detached", "route lost its gateway") if write[
+        1] == "canary" and write[3] == {"canary": 2} else None
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "rolled_back" and record["reason"] == "route lost its gateway"
+    assert fleet.backend.weight == 0
+
+
 def test_a_candidate_not_available_or_unpublished_at_a_step_is_rolled_back(tmp_path):
     fleet = Fleet(tmp_path)
     # Published at the start, gone before the first verification.

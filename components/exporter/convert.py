@@ -8,7 +8,9 @@ holds the Transform constants and preprocessing.py / preprocessing.mjs apply the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,10 +131,50 @@ def export_onnx(module: CoreModule, spec: dict[str, Any], path: str, opset: int)
     import onnx
     import tf2onnx
 
-    model_proto, _ = tf2onnx.convert.from_function(
-        module.serve, input_signature=core_input_specs(spec), opset=opset, output_path=path
-    )
+    model_proto, _ = tf2onnx.convert.from_function(module.serve, input_signature=core_input_specs(spec), opset=opset)
+    stable_onnx_names(model_proto.graph)
     onnx.checker.check_model(model_proto, full_check=True)
+    onnx.save(model_proto, path)
+
+
+# The numbers in names that depend on what ran before in the process: TensorFlow's op ids
+# (`embedding_lookup/10192:0`) and tf2onnx's own name counter (`const_fold_opt__15`).
+_PROCESS_NUMBER = re.compile(r"(?:(?<=/)|(?<=__))\d+(?=[:/]|$)")
+
+
+def stable_onnx_names(graph: Any) -> None:
+    """Renumbers those numbers in graph order, so that one model converts to the same bytes in any process and the
+    publisher recognises a model it already holds; the graph's inputs and outputs keep their names."""
+    kept = {value.name for value in [*graph.input, *graph.output]}
+    numbers: dict[tuple[str, str], str] = {}
+
+    def renumber(match: re.Match[str]) -> str:
+        prefix = match.string[:match.start()]
+        same_prefix = sum(1 for known in numbers if known[0] == prefix)
+        return numbers.setdefault((prefix, match.group(0)), str(same_prefix))
+
+    def stable(name: str) -> str:
+        return name if name in kept else _PROCESS_NUMBER.sub(renumber, name)
+
+    for node in graph.node:
+        node.name = stable(node.name)
+        for field in (node.input, node.output):
+            names = [stable(name) for name in field]
+            del field[:]
+            field.extend(names)
+    for named in [*graph.initializer, *graph.value_info]:
+        named.name = stable(named.name)
+    for value in [*graph.input, *graph.output, *graph.value_info]:  # unknown dimensions are named `unk__18`
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                dim.dim_param = _PROCESS_NUMBER.sub(renumber, dim.dim_param)
+    # tf2onnx lists the initializers in the order of their old names.
+    initializers = [type(tensor)() for tensor in graph.initializer]
+    for copy, tensor in zip(initializers, sorted(graph.initializer, key=lambda tensor: tensor.name), strict=True):
+        copy.CopyFrom(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    graph.doc_string = "converted by tf2onnx from the model's serving function"  # it named the function's trace
 
 
 class TfjsConversion:
@@ -163,6 +205,10 @@ class TfjsConversion:
             logging.error("the tensorflowjs converter failed with exit status %d:\n%s", returncode, output)
             last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
             raise RuntimeError(f"the tensorflowjs converter failed: {last or f'exit status {returncode}, no output'}")
+        # The converter writes protobuf maps (a node's attrs) in an order that differs between processes; sorted
+        # keys make one model's model.json the same bytes each time (the weights' order lives in lists, kept).
+        model_json = Path(self._export_dir) / "model.json"
+        model_json.write_text(json.dumps(json.loads(model_json.read_text()), sort_keys=True))
         for path in JS_FILES:
             shutil.copy(path, self._export_dir)
 

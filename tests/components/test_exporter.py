@@ -311,3 +311,20 @@ def test_every_format_reads_the_training_csvs_markers_as_missing(exported, small
         np.testing.assert_array_equal(with_markers, with_gaps, err_msg=name)
         # The markers are not read as values: -999 miles would move the answer.
         assert not np.array_equal(with_gaps, runner.predict({**gaps, "trip_miles": np.full(30, -998.0)})), name
+
+
+def test_one_model_converts_to_the_same_onnx_and_tfjs_bytes_each_time(small, spec, tmp_path):
+    """The publisher knows a model it already holds by its bytes: a second conversion (another trace with other op
+    ids, another converter process with another map order) gives the same ONNX and TF.js files."""
+    onnx_bytes, tfjs_bytes = [], []
+    for run in ("first", "second"):
+        core_dir = str(tmp_path / run / "core")
+        module = convert.save_core_model(small.model, spec, core_dir)
+        tfjs_dir = tmp_path / run / "tfjs"
+        conversion = convert.TfjsConversion(core_dir, str(tfjs_dir))
+        convert.export_onnx(module, spec, str(tmp_path / run / "model.onnx"), options().onnx_opset)
+        conversion.wait()
+        onnx_bytes.append((tmp_path / run / "model.onnx").read_bytes())
+        tfjs_bytes.append((tfjs_dir / "model.json").read_bytes())
+    assert onnx_bytes[0] == onnx_bytes[1]
+    assert tfjs_bytes[0] == tfjs_bytes[1]

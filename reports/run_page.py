@@ -37,6 +37,13 @@ TITLES = {"timeline": "Stages", "data": "Data", "training": "Training", "evaluat
           "serving": "Published version and how to call it"}
 
 
+def section_title(section: str, summary: dict[str, Any]) -> str:
+    """TITLES[section]; only a binary model has a decision threshold, so only its calibration title names one."""
+    if section == "calibration" and (summary.get("task") or {}).get("kind", "binary") != "binary":
+        return "Calibration"
+    return TITLES[section]
+
+
 def task_metric_name(summary: dict[str, Any]) -> str:
     """The figure the run is judged by: the export report's task metric, else the first the Evaluator has."""
     metric = (summary.get("task") or {}).get("metric")
@@ -361,7 +368,8 @@ def _baseline(summary: dict[str, Any], metric: str) -> str:
         parts.append(tabulate(head, rows))
     if not base:
         parts.append("<p class='note'>No baseline model: the first blessed model of this pipeline, or "
-                     "evaluation.baseline is none. The thresholds alone decided.</p>")
+                     "evaluation.baseline is none. The bounds alone decided (evaluation.lower_bound, upper_bound "
+                     "and no_skill).</p>")
     failures = baseline.get("failures") or []
     if summary.get("blessing_failure"):
         parts.append(f"<p class='bad'>Not blessed: {esc(summary['blessing_failure'])}.</p>")
@@ -486,7 +494,7 @@ def _header(summary: dict[str, Any]) -> str:
                       None: "not judged"}[summary.get("blessed")])
     if summary.get("published_version") is not None:
         facts.append(f"published as version {esc(summary['published_version'])}")
-    nav = "".join(f"<a href='#{s}'>{esc(TITLES[s])}</a>" for s in SECTIONS)
+    nav = "".join(f"<a href='#{s}'>{esc(section_title(s, summary))}</a>" for s in SECTIONS)
     log = f" &middot; log: <code>{esc(summary['log_path'])}</code>" if summary.get("log_path") else ""
     return (f"<p><a href='../index.html'>all runs</a>{log}</p><h1>Run {esc(summary.get('run_id', ''))}</h1>"
             f"<p>{' &middot; '.join(facts)}</p>{_failure(summary)}<nav>{nav}</nav>")
@@ -508,7 +516,8 @@ def run_page(summary: dict[str, Any]) -> str:
               "calibration": _calibration,
               "optimization": lambda summary: optimization_html(optimization_report(summary)),
               "export": _export, "serving": _serving}
-    body = "".join(f"<section id='{s}'><h2>{esc(TITLES[s])}</h2>{render[s](summary)}</section>" for s in SECTIONS)
+    body = "".join(f"<section id='{s}'><h2>{esc(section_title(s, summary))}</h2>{render[s](summary)}</section>"
+                   for s in SECTIONS)
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Run {esc(summary.get('run_id', ''))}"
             f"</title><style>{STYLE}</style></head><body>{_header(summary)}{body}</body></html>\n")
 

@@ -346,6 +346,19 @@ def read_request_record(repository: str | None, model: str, version: int) -> dic
     return dict(record) if isinstance(record, dict) else {}
 
 
+def missing_value_markers(request: dict) -> set[str]:
+    """The version's data.missing_values as the cells that hold them read, surrounding spaces ignored."""
+    return {str(m).strip() for m in request.get("missing_values") or [] if str(m).strip()}
+
+
+def blank_json_markers(rows: list[dict], request: dict) -> list[dict]:
+    """--json rows with each string value that is one of the version's missing-value markers ("NA") sent as the
+    empty value, the gap ExampleGen made of it in training; numbers (-999) the model's signature reads itself."""
+    markers = missing_value_markers(request)
+    return [{name: "" if isinstance(value, str) and value.strip() in markers else value
+             for name, value in row.items()} for row in rows]
+
+
 def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict, request: dict,
                      ) -> tuple[list[dict], list[str]]:
     """CSV rows as the model takes them, and notes for the user: columns the model does not take are left out (a
@@ -363,7 +376,7 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
     if others:
         notes.append(f"left out column{'s' * (len(others) > 1)} {', '.join(others)} of {path}: the model does not "
                      "take them")
-    markers = {str(m).strip() for m in request.get("missing_values") or [] if str(m).strip()}
+    markers = missing_value_markers(request)
     prepared = []
     for index, (row, line) in enumerate(zip(rows, lines, strict=True)):
         kept = {name: ("" if str(value).strip() in markers else value) for name, value in row.items()
@@ -401,6 +414,8 @@ def predict_command(args: argparse.Namespace) -> int:
                         print(f"note: {note}", file=sys.stderr)
                 elif inputs is not None:
                     _check_known_keys(rows, inputs)
+                    rows = blank_json_markers(rows, read_request_record(args.repository, args.model,
+                                                                        metadata.version))
             predictions = client.predict_outputs(
                 rows, args.model, version=args.version, label=args.label, timeout=args.timeout,
                 signature_name=args.signature_name, drop_unknown_features=args.drop_unknown_features,

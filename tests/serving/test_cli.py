@@ -205,6 +205,24 @@ def test_predict_csv_on_a_training_file_applies_the_versions_markers_and_drops_i
     assert f"error: {csv_file} line 2 (row 1), column 'trip_start_hour'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("transport", ["--rest", "--grpc"])
+def test_predict_json_reads_the_versions_markers_as_missing(server, repository, capsys, transport):
+    """A --json row copied from the training data ('NA' where a number was not measured) answers as the gap
+    ExampleGen made of it; without the version's record the same row is refused with what to do."""
+    (Path(repository.version_dir(MODEL, 1)) / "publication.json").write_text(json.dumps(
+        {"request": {"missing_values": ["NA", "n.d."], "label_columns": ["tips"]}}))
+    address = server.rest_url if transport == "--rest" else server.grpc_target
+    rows = [ROW, {"fare": "NA", "trip_start_hour": " n.d.", "payment_type": "NA"}, {"fare": "n.d.x"}]
+    flags = ["predict", transport, address, "--model", MODEL, "--version", "1"]
+    assert mlops(*flags, "--json", json.dumps(rows[:2]), "--repository", str(repository.base_dir)) == 0
+    assert capsys.readouterr().out.split() == [f"{expected_probability(ROW, 1):.6f}",
+                                               f"{expected_probability({}, 1):.6f}"]
+    assert mlops(*flags, "--json", json.dumps(rows[2]), "--repository", str(repository.base_dir)) != 0
+    assert "'n.d.x'" in capsys.readouterr().err
+    assert mlops(*flags, "--json", json.dumps(rows[1]), "--repository", str(repository.base_dir / "elsewhere")) != 0
+    assert "leave it empty for missing" in capsys.readouterr().err
+
+
 def test_predict_json_with_an_unknown_key_names_the_flag_that_drops_it(server, capsys):
     assert mlops("predict", "--rest", server.rest_url, "--model", MODEL, "--json",
                  json.dumps({**ROW, "tips": 1.0})) == 2

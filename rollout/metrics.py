@@ -112,8 +112,10 @@ def _delta(before: Mapping, after: Mapping) -> dict | None:
 
 def window_figures(before: Snapshot, after: Snapshot, track: str) -> dict[str, Any]:
     """The requests one track's servers counted between two snapshots: requests, errors, error rate, successful
-    predictions, p99 latency (ms). `inconclusive` says why the figures cannot be trusted: a server not scraped, a
-    server that appeared or vanished, a counter that went down."""
+    predictions, p99 latency (ms). A server that joined (a pod the HPA added: unknown to the first snapshot, not a
+    failed scrape there) is counted whole, as its counters began at zero when it started; `joined` names it.
+    `inconclusive` says why the figures cannot be trusted: a server not scraped, a server that left, a counter that
+    went down."""
     was, now = before.counters.get(track, {}), after.counters.get(track, {})
     figures: dict[str, Any] = {"servers": len(now), "requests": 0.0, "errors": 0.0, "error_rate": 0.0,
                                "predictions": 0.0, "p99_ms": 0.0}
@@ -121,15 +123,18 @@ def window_figures(before: Snapshot, after: Snapshot, track: str) -> dict[str, A
     if missing:
         figures["inconclusive"] = f"no metrics from the {track} server(s) {', '.join(missing)} (failed scrape)"
         return figures
-    if set(was) != set(now):
-        changed = sorted(set(was) ^ set(now))
-        figures["inconclusive"] = f"the {track} servers changed during the window ({', '.join(changed)})"
+    left = sorted(set(was) - set(now))
+    if left:
+        figures["inconclusive"] = (f"the {track} server(s) {', '.join(left)} left during the window (scaled down or "
+                                   "replaced): what they answered after the first snapshot is unknown")
         return figures
+    joined = sorted(set(now) - set(was))
     requests: dict[str, float] = {}
     buckets: dict[float, float] = {}
     for server in sorted(now):
-        counted = _delta(was[server].requests, now[server].requests)
-        latency = _delta(was[server].latency_buckets, now[server].latency_buckets)
+        start = was.get(server, ModelCounters({}, {}))
+        counted = _delta(start.requests, now[server].requests)
+        latency = _delta(start.latency_buckets, now[server].latency_buckets)
         if counted is None or latency is None:
             figures["inconclusive"] = f"the counters of {track} server {server} went down (it restarted)"
             return figures
@@ -139,6 +144,8 @@ def window_figures(before: Snapshot, after: Snapshot, track: str) -> dict[str, A
     errors = total - requests.get("OK", 0.0)
     figures.update(requests=total, errors=errors, error_rate=errors / total if total else 0.0,
                    predictions=buckets.get(math.inf, 0.0), p99_ms=p99_ms(buckets))
+    if joined:
+        figures["joined"] = joined
     return figures
 
 

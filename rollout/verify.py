@@ -264,7 +264,7 @@ class Verifier:
         stable = window_figures(before, after, "stable")
         figures: dict[str, Any] = {"source": source, **{k: canary[k] for k in ("requests", "errors", "error_rate",
                                                                                  "p99_ms")},
-                                   "stable": stable}
+                                   "stable": stable, **({"joined": canary["joined"]} if "joined" in canary else {})}
         reason = canary.get("inconclusive") or stable.get("inconclusive")
         if reason is None and canary["predictions"] < answered:
             reason = (f"the canary servers counted {canary['predictions']:.0f} predictions while the verifier had "

@@ -311,6 +311,22 @@ def test_a_window_in_which_no_request_reached_the_candidate_is_inconclusive(tmp_
     assert figures["verdict"] == INCONCLUSIVE and figures["requests"] == 0 and "error" not in figures
 
 
+def test_a_server_the_hpa_added_during_the_window_is_counted_from_zero_at_the_error_rate_limit(tmp_path):
+    """A canary pod unknown to the first snapshot started during the window: all it counted is the window's, so its
+    errors decide with the others' (before, a new pod made every window inconclusive and the rollout rolled back)."""
+    limits = Limits(**{**LIMITS.__dict__, "max_error_rate": 0.05, "share_tolerance_sigmas": 100.0})
+    before = snap({"c-0": counters(ok=700, errors=7)}, {"s-0": counters()})
+    at_limit = snap({"c-0": counters(ok=700 + 5000, errors=7), "c-1": counters(ok=4950, errors=50)},
+                    {"s-0": counters(ok=1)})
+    figures = metrics_window(tmp_path, before, at_limit, weight=50, limits=limits)
+    assert (figures["verdict"], figures["requests"], figures["errors"]) == ("passed", 10_000, 50)
+    assert figures["joined"] == ["c-1"]
+    over = snap({"c-0": counters(ok=700 + 5000, errors=7), "c-1": counters(ok=4949, errors=51)},
+                {"s-0": counters(ok=1)})
+    figures = metrics_window(tmp_path, before, over, weight=50, limits=limits)
+    assert (figures["verdict"], figures["errors"]) == ("failed", 51)
+
+
 def test_relative_limits_need_stable_traffic(tmp_path):
     # No stable request in the window: nothing to compare with, the absolute limits decide.
     after = snap({"c-0": counters(ok=5 + SENT, errors=0)}, {"s-0": counters()})
@@ -323,8 +339,9 @@ def test_relative_limits_need_stable_traffic(tmp_path):
      "no metrics from the canary server(s) c-1 (failed scrape)"),
     (snap({"c-0": counters()}, missing={"stable": ["s-1"]}), snap({"c-0": counters(ok=SENT)}),
      "no metrics from the stable server(s) s-1 (failed scrape)"),
-    (snap({"c-0": counters()}), snap({"c-0": counters(ok=SENT), "c-1": counters(ok=3)}),
-     "the canary servers changed during the window (c-1)"),
+    (snap({"c-0": counters(), "c-1": counters()}), snap({"c-0": counters(ok=SENT)}),
+     "the canary server(s) c-1 left during the window (scaled down or replaced): what they answered after the first "
+     "snapshot is unknown"),
     (snap({"c-0": counters(ok=500)}), snap({"c-0": counters(ok=SENT)}),
      "the counters of canary server c-0 went down (it restarted)"),
     (snap({"c-0": counters()}), snap({"c-0": counters(ok=SENT - 1)}),
@@ -454,9 +471,10 @@ def test_a_window_of_no_server_counts_nothing_and_an_untrusted_one_says_why_with
     missing = window_figures(Snapshot({"canary": {}}), Snapshot({"canary": {}}, {"canary": ["c-1", "c-2"]}), "canary")
     assert missing == {"servers": 0, "requests": 0.0, "errors": 0.0, "error_rate": 0.0, "predictions": 0.0,
                        "p99_ms": 0.0, "inconclusive": "no metrics from the canary server(s) c-1, c-2 (failed scrape)"}
-    changed = window_figures(Snapshot({"canary": {"a": counters()}}),
+    changed = window_figures(Snapshot({"canary": {"a": counters(), "b": counters()}}),
                              Snapshot({"canary": {"b": counters(), "c": counters()}}), "canary")
-    assert changed["inconclusive"] == "the canary servers changed during the window (a, b, c)"
+    assert changed["inconclusive"] == ("the canary server(s) a left during the window (scaled down or replaced): "
+                                       "what they answered after the first snapshot is unknown")
 
 
 def test_a_counter_that_went_down_anywhere_makes_the_window_untrusted():

@@ -19,7 +19,7 @@ case "$1" in
   lsf)
     kind="$2"; dir=$(path "$3")
     [ -d "$dir" ] || { echo "directory not found" >&2; exit 3; }
-    for entry in $(ls "$dir"); do
+    for entry in $(ls -A "$dir"); do
       if [ -d "$dir/$entry" ]; then [ "$kind" = "--dirs-only" ] && echo "$entry/"
       else [ "$kind" = "--files-only" ] && echo "$entry"; fi
     done ;;

@@ -1,8 +1,9 @@
 """The kind walkthrough of docs/tutorials/kubernetes.md cannot run here (no cluster), so its steps are checked for
 what broke them on a cluster (issue 42 item 4): each kustomization it applies is rendered and needs its namespaces
-made by an earlier step and the project's image loaded onto the node before a pod runs it, and the rollout needs a
-Prometheus that selects the servers' PodMonitor (kube-prometheus-stack selects only PodMonitors labelled with its
-release unless told otherwise), installed with that PodMonitor before the first rollout."""
+made by an earlier step, the project's image loaded onto the node before a pod runs it and a metrics-server before
+an HPA reads it; and the rollout needs a Prometheus that selects the servers' PodMonitor (kube-prometheus-stack
+selects only PodMonitors labelled with its release unless told otherwise), installed with that PodMonitor before the
+first rollout (issue 42 items 4 and 6)."""
 from __future__ import annotations
 
 import re
@@ -19,6 +20,7 @@ GIVEN_NAMESPACES = {"default", "kube-system", "envoy-gateway-system"}
 APPLY = re.compile(r"^kubectl (?:apply|create)\b.*?-k (\S+)")
 HELM_INSTALL = re.compile(
     r"^helm install \S+ prometheus-community/kube-prometheus-stack\b.*-n (\S+) --create-namespace")
+METRICS_SERVER = re.compile(r"^kubectl apply -f https://github.com/kubernetes-sigs/metrics-server/releases/\S+")
 POD_KINDS = {"Deployment": ("spec", "template"), "Job": ("spec", "template"), "Pod": (),
              "CronJob": ("spec", "jobTemplate", "spec", "template")}
 
@@ -51,10 +53,12 @@ def images(objects: list[dict]) -> set[str]:
 def walkthrough_problems(commands: list[str]) -> list[str]:
     """What would fail, step by step, on a fresh kind cluster; empty when nothing would."""
     problems, namespaces, loaded = [], set(GIVEN_NAMESPACES), set()
-    prometheus = podmonitor = False
+    prometheus = podmonitor = metrics_server = False
     for command in commands:
         if command.startswith("kind load docker-image "):
             loaded.add(command.split()[3])
+        elif METRICS_SERVER.match(command):
+            metrics_server = True
         elif match := HELM_INSTALL.match(command):
             namespaces.add(match.group(1))
             prometheus = "podMonitorSelectorNilUsesHelmValues=false" in command
@@ -68,6 +72,8 @@ def walkthrough_problems(commands: list[str]) -> list[str]:
                 problems.append(f"{command!r}: namespace {', '.join(missing)} does not exist yet")
             if PROJECT_IMAGE in images(objects) and PROJECT_IMAGE not in loaded:
                 problems.append(f"{command!r}: its pods run {PROJECT_IMAGE}, not loaded onto the node yet")
+            if any(o["kind"] == "HorizontalPodAutoscaler" for o in objects) and not metrics_server:
+                problems.append(f"{command!r}: its HorizontalPodAutoscalers need a metrics-server, not installed yet")
             podmonitor |= any(o["kind"] == "PodMonitor" for o in objects)
             if match.group(1).rstrip("/").endswith("rollout-job") and not (prometheus and podmonitor):
                 problems.append(f"{command!r}: no Prometheus scrapes the servers yet")
@@ -84,7 +90,8 @@ def test_each_step_of_the_kind_walkthrough_has_what_it_needs():
 
 
 def test_the_check_finds_the_reviews_three_defects():
-    """The walkthrough as the review found it: the project's image loaded only for the Job, no Prometheus."""
+    """The walkthrough as the review found it: the project's image loaded only for the Job, no Prometheus, no
+    metrics-server."""
     before = ["kubectl apply -k k8s/serving/gateway-envoy",
               "kind load docker-image tensorflow/serving:2.16.1 --name mlops",
               "kubectl apply -k k8s/serving/overlays/dev",
@@ -94,6 +101,8 @@ def test_the_check_finds_the_reviews_three_defects():
               "kubectl create -k k8s/serving/rollout-job"]
     assert walkthrough_problems(before) == [
         f"'kubectl apply -k k8s/serving/overlays/dev': its pods run {PROJECT_IMAGE}, not loaded onto the node yet",
+        "'kubectl apply -k k8s/serving/overlays/dev': its HorizontalPodAutoscalers need a metrics-server, not "
+        "installed yet",
         "'mlops rollout start --version 2': no Prometheus scrapes the servers yet",
         "'kubectl create -k k8s/serving/rollout-job': no Prometheus scrapes the servers yet"]
     selective = ["helm install prometheus prometheus-community/kube-prometheus-stack -n monitoring --create-namespace"]

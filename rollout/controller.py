@@ -313,15 +313,19 @@ class Controller:
         C, step = s["candidate"], s["step"]
         weight = self.steps[step - 1] if step else 0
         try:
-            # Again before every step: a published version's files must not change under a running rollout, and a
-            # route that lost its gateway would make the step's window judge traffic the weights do not send.
+            # Again before every step: a published version's files must not change under a running rollout.
             self.backend.check_version(self.model, C)
-            self.backend.check_routing()
         except BackendError as e:
             return self._begin_rollback(s, str(e))
         # The weight of the committed step is set here, never before its commit: a controller killed in between
         # would otherwise set the previous step's weight again on resuming (traffic flapping back and forth).
         self.backend.set_canary_weight(weight)
+        try:
+            # After the write: the window must judge the weight the gateway has taken, not the one before it (a
+            # route's status that judged an older generation is waited for), nor a route that lost its gateway.
+            self.backend.check_routing()
+        except BackendError as e:
+            return self._begin_rollback(s, str(e))
         verifier = self._verifier or self.verifier_factory()
         self._verifier = verifier
         views = self.backend.version_views(self.model, CANARY, C)

@@ -407,6 +407,7 @@ class _RoutesMixin:
     custom: client.CustomObjectsApi
     namespace: str
     timeout_s: float
+    settings: Any  # the backend's settings: their http_route and grpc_route name the routes
     ROUTES_HINT: str
 
     def _route(self, plural: str, name: str) -> dict[str, Any]:
@@ -417,8 +418,8 @@ class _RoutesMixin:
                                f"Gateway API CRDs and {self.ROUTES_HINT}.") from None
 
     def _route_names(self) -> list[tuple[str, str, str]]:
-        settings = self.settings  # type: ignore[attr-defined]
-        return [("httproutes", "HTTPRoute", settings.http_route), ("grpcroutes", "GRPCRoute", settings.grpc_route)]
+        return [("httproutes", "HTTPRoute", self.settings.http_route),
+                ("grpcroutes", "GRPCRoute", self.settings.grpc_route)]
 
     def check_routing(self) -> None:
         """Each route's status as its Gateway's controller wrote it (rollout/route_status.py); a status that judged

@@ -464,6 +464,20 @@ def test_routes_that_carry_no_traffic_refuse_the_start_and_roll_back_a_running_r
     assert fleet.backend.weight == 0
 
 
+def test_the_routes_are_checked_after_each_steps_weight_is_written_before_its_window(tmp_path):
+    """A weight the gateway has not taken (or a route it dropped on that write) must not be judged as if it carried
+    traffic: the step's window comes only after check_routing has seen the route as the write left it."""
+    fleet = Fleet(tmp_path)
+    stale = "HTTPRoute mlops-serving/tfserving: Accepted judged generation 3, the route is at 4"
+    fleet.backend.after_write = lambda write: setattr(fleet.backend, "detached", stale) if write == (
+        "weight", 50) else None
+    record = fleet.controller().start(2)
+    assert record["outcome"] == "rolled_back" and record["reason"] == stale
+    messages = [e["message"] for e in record["events"]]
+    assert not any(m.startswith("verified at 50%") for m in messages), "no window judged at the untaken weight"
+    assert fleet.backend.weight == 0
+
+
 def test_a_candidate_not_available_or_unpublished_at_a_step_is_rolled_back(tmp_path):
     fleet = Fleet(tmp_path)
     # Published at the start, gone before the first verification.

@@ -102,7 +102,7 @@ $(BUILDAH) $(MMDEBSTRAP):
 # storage: a rebuild reuses them all, though buildah re-reads the 4 GB venv to match its COPY (~3 min on 2 cores).
 image-test: setup $(BUILDAH) $(MMDEBSTRAP)
 	scripts/image_stand_ins.sh $(PY) $$(command -v node)
-	buildah bud --isolation chroot --layers --pull=never -t $(TEST_IMAGE) .
+	scripts/retry_memfd_busy.sh buildah bud --isolation chroot --layers --pull=never -t $(TEST_IMAGE) .
 	$(PY) -m pytest tests/test_image.py --image $(TEST_IMAGE) $(PYTEST_ARGS)
 
 # Rebuilt only when the module's files change (a cold build downloads the modules and compiles: see

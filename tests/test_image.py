@@ -45,12 +45,23 @@ def container(image, image_config):
     subprocess.run(["buildah", "rm", name], capture_output=True, check=True)
 
 
+# buildah re-executes itself from a sealed memfd copy before COMMAND starts (containers/storage pkg/unshare/unshare.c,
+# copy_self_proc_exe); the kernel refuses the seal with EBUSY while the copy's pages are still pinned, which a busy
+# machine sometimes shows. COMMAND never ran then, so running it again is safe.
+MEMFD_SEAL_BUSY = "sealing memfd copy: Device or resource busy"
+MEMFD_ATTEMPTS = 3
+
+
 def run_in(container: str, *command: str, mounts: dict[Path, str] | None = None,
            timeout: float = 300) -> subprocess.CompletedProcess:
     """COMMAND in the container as the image's USER, in its WORKDIR, with its ENV (what `docker run` gives it)."""
     volumes = [flag for host, target in (mounts or {}).items() for flag in ("-v", f"{host}:{target}")]
-    return subprocess.run(["buildah", "run", "--isolation", "chroot", *volumes, container, "--", *command],
-                          capture_output=True, text=True, timeout=timeout)
+    for _ in range(MEMFD_ATTEMPTS):
+        result = subprocess.run(["buildah", "run", "--isolation", "chroot", *volumes, container, "--", *command],
+                                capture_output=True, text=True, timeout=timeout)
+        if MEMFD_SEAL_BUSY not in result.stderr:
+            break
+    return result
 
 
 def test_the_image_runs_as_its_numeric_non_root_user(container, image_config):

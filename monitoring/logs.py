@@ -10,7 +10,8 @@ be any URI.
 
 A time window reads the files whose span meets it and takes each record by its `log_metadata.timestamp_secs` (when
 the answer was sent); a record without one goes with its file. The statistics are built a file at a time (TFDV's
-in-memory generators, merged), so memory holds one file's requests, not the window's.
+in-memory generators, merged), so memory holds one file's requests, not the window's. The last N requests are the
+newest N by that time across every server's files, so those 2N serialized requests are held until they are sorted.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from settings.errors import UserError
 
 LOG_FILE_PATTERN = re.compile(r"^requests-(?P<start>\d{8}T\d{12}Z)-(?P<writer>\d+)-(?P<seq>\d+)\.tfrecord$")
 START_FORMAT = "%Y%m%dT%H%M%S%fZ"
+# How many requests read_last decodes into columns at a time.
+ADD_CHUNK = 10_000
 # Inputs a model reads as missing (serving/clients/values.py, missing_value): NaN for floats, -1 for integers, ""
 # for strings.
 MISSING_INT = -1
@@ -403,25 +406,38 @@ def read_time_windows(files: list[LogFile], since: datetime, until: datetime, cu
 
 def read_last(files: list[LogFile], count: int, current: WindowStatistics, previous: WindowStatistics,
               progress: Progress | None = None) -> None:
-    """Adds the newest `count` records to `current` and the `count` before them to `previous`, reading files newest
-    first and no further than needed."""
-    need_current, need_previous = count, count
-    for index, log_file in enumerate(reversed(files), 1):
+    """Adds the newest `count` requests across every writer's files to `current` and the `count` before them to
+    `previous`, ordered by when each was answered (a request without a time takes its file's end). Files are read
+    from the latest end back, and no further than an unread file could still hold one of the requests kept: with
+    several servers logging, the newest file by name may hold older requests than another server's."""
+    by_end = sorted(files, key=lambda f: f.end, reverse=True)
+    # (answered, the file's end, position in the file): a file's records are in the order its writer logged them.
+    # The records are kept serialized (a fraction of a parsed PredictionLog's memory) and parsed again when added.
+    kept: list[tuple[tuple[float, float, int], LogFile, bool, bytes]] = []
+    ignored: Counter[str] = Counter()
+    for index, log_file in enumerate(by_end, 1):
         records, truncated = read_records(log_file.path)
-        taken = records[max(0, len(records) - need_current):]
-        need_current -= len(taken)
-        rest = records[:len(records) - len(taken)]
-        # The previous window begins where the current one is full.
-        earlier = rest[max(0, len(rest) - need_previous):] if not need_current else []
-        need_previous -= len(earlier)
-        if taken:
-            current.add_file(log_file, taken, truncated)
-        if earlier:
-            previous.add_file(log_file, earlier, truncated)
+        file_end = log_file.end.timestamp()
+        for position, record in enumerate(records):
+            log = parse_record(record, ignored)
+            answered = (log.log_metadata.timestamp_secs if log is not None else 0) or file_end
+            kept.append(((answered, file_end, position), log_file, truncated, record))
+        kept.sort(key=lambda item: item[0], reverse=True)
+        del kept[2 * count:]
         if progress:
-            progress(index, len(files), current.total_requests + previous.total_requests)
-        if not need_current and not need_previous:
+            progress(index, len(files), len(kept))
+        unread = by_end[index:]
+        # An unread file holds nothing answered after its end, and by_end puts the latest end first.
+        if not unread or (len(kept) == 2 * count and kept[-1][0][0] > unread[0].end.timestamp()):
             break
+    for window, part in ((current, kept[:count]), (previous, kept[count:])):
+        # The files newest first, as they were read; the requests oldest first, as read_time_windows adds them.
+        for log_file in dict.fromkeys(log_file for _, log_file, _, _ in part):
+            window.note_file(log_file, any(truncated for _, f, truncated, _ in part if f is log_file))
+        oldest_first = [record for _, _, _, record in reversed(part)]
+        # In chunks: the decoded columns of a whole window would hold every value at once.
+        for chunk in range(0, len(oldest_first), ADD_CHUNK):
+            window.add(oldest_first[chunk:chunk + ADD_CHUNK])
 
 
 def parse_when(text: str, now: datetime) -> datetime:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reports.records import ExportReport
+from rollout.backends import Backend, BackendError
 from settings.files import EXPORT_REPORT_JSON
 
 
@@ -101,7 +102,16 @@ def versions_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
+def router_weight(backend: Backend) -> str:
+    """The canary's share as the router applies it now: after promotion or a rollback's route step it is 0, whatever
+    step the state names."""
+    try:
+        return f"{backend.canary_weight()}%"
+    except (BackendError, OSError) as e:
+        return f"unknown ({e})"
+
+
+def _print_status(document: dict[str, Any], report_dir: str | None, backend: Backend) -> None:
     from rollout.controller import describe_figures
     from rollout.report import report_paths
 
@@ -109,10 +119,9 @@ def _print_status(document: dict[str, Any], report_dir: str | None) -> None:
     if current is None:
         print("no rollout in progress")
     else:
-        weight = current["steps"][current["step"] - 1] if current.get("step") else 0
         print(f"rollout {current['id']}: version {current['candidate']} over stable {current['stable']}, phase "
-              f"{current['phase']}, canary traffic {weight}%" + (f", PAUSED: {current['paused']}"
-                                                                  if current.get("paused") else ""))
+              f"{current['phase']}, canary traffic {router_weight(backend)}" + (f", PAUSED: {current['paused']}"
+                                                                        if current.get("paused") else ""))
         for event in current.get("events", [])[-5:]:
             print(f"  {event['at']}  {event['message']}")
     for record in document.get("history", [])[-5:]:
@@ -151,7 +160,7 @@ def rollout_command(args: argparse.Namespace) -> int:
         document = controller.document()
         print(json.dumps(document, indent=2) if args.json else "", end="\n" if args.json else "")
         if not args.json:
-            _print_status(document, controller.report_dir)
+            _print_status(document, controller.report_dir, controller.backend)
         return 0
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,7 @@ class Signature:
                                            for name, value in inputs.items()})
         except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
             # Inputs passed the signature checks but the graph rejected their values (e.g. a failed assert).
-            raise invalid_argument(f"The model rejected the inputs: {_first_line(e)}") from e
+            raise invalid_argument(f"The model rejected the inputs: {kernel_message(e)}") from e
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
 
@@ -197,3 +198,23 @@ def load_servable_version(model_name: str, version: int, path: str | Path) -> Se
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+# What TensorFlow's Python runtime puts before a kernel's error (tensorflow/python/eager/polymorphic_function/
+# atomic_function.py, InterpolateRuntimeError.interpolate) and after it (the eager op's name).
+_PREAMBLE = "Graph execution error:"
+_DETECTED_AT = re.compile(r"^Detected at node .* defined at \(most recent call last\):$")
+_FRAME = re.compile(r"^(  File |    |<stack traces unavailable>$)")
+_OP_SUFFIX = re.compile(r"\s*\[Op:[^\]]*\]$")
+
+
+def kernel_message(error: Exception) -> str:
+    """The failed kernel's whole message and the node it names, as TF Serving returns it: without the Python
+    runtime's preamble and stack traces, which name this server's code, not the user's inputs."""
+    lines = str(error).strip().splitlines()
+    if lines and lines[0].strip() == _PREAMBLE:
+        lines = lines[1:]
+        while lines and (not lines[0].strip() or _DETECTED_AT.match(lines[0]) or _FRAME.match(lines[0])):
+            lines = lines[1:]
+    text = _OP_SUFFIX.sub("", "\n".join(lines)).strip()
+    return text or type(error).__name__

@@ -132,6 +132,36 @@ def test_the_last_n_requests_and_the_n_before_them_are_read_newest_first(tmp_pat
         assert (fare.min, fare.max) == (max(0, 15 - 2 * count), 14 - count)
 
 
+def test_the_last_n_requests_are_the_newest_answered_across_every_servers_files(tmp_path):
+    """Two servers log at once: the newest file by name (server 2's, begun a minute later) holds older requests than
+    server 1's, which went on logging. A third server's old file cannot hold any of the requests kept: it is not
+    read."""
+    folder = tmp_path / "taxi"
+    second = timedelta(seconds=1)
+    write_log_file(folder, T0, [records(1, start=100 + i, version=1, answered=T0 + timedelta(minutes=5) + i * second)[0]
+                                for i in range(10)], writer=1, modified=T0 + timedelta(minutes=10))
+    write_log_file(folder, T0 + timedelta(minutes=1),
+                   [records(1, start=i, version=2, answered=T0 + timedelta(minutes=1) + i * second)[0]
+                    for i in range(10)], writer=2, modified=T0 + timedelta(minutes=3))
+    write_log_file(folder, T0 - timedelta(hours=1), records(5, start=500, version=3), writer=3,
+                   modified=T0 - timedelta(minutes=50))
+    files = logs.list_log_files(str(tmp_path), "taxi")
+    assert [f.writer for f in files] == ["3", "1", "2"], "by name, server 2's file is the newest"
+    current, previous = logs.WindowStatistics(), logs.WindowStatistics()
+    seen = []
+    logs.read_last(files, 10, current, previous, lambda done, total, kept: seen.append((done, total, kept)))
+    assert dict(current.requests) == {1: 10} and dict(previous.requests) == {2: 10}
+    assert [f.writer for f in current.files] == ["1"] and [f.writer for f in previous.files] == ["2"]
+    assert current.span() == (T0 + timedelta(minutes=5), T0 + timedelta(minutes=5) + 9 * second)
+    assert seen == [(1, 3, 10), (2, 3, 20)], "server 3's file, ended 50 minutes before, was not read"
+    # Seven: the newest seven of server 1, then its three before them and server 2's newest four.
+    current, previous = logs.WindowStatistics(), logs.WindowStatistics()
+    logs.read_last(files, 7, current, previous)
+    assert dict(current.requests) == {1: 7} and dict(previous.requests) == {1: 3, 2: 4}
+    _, fare = fares(previous)
+    assert (fare.min, fare.max) == (6, 102)
+
+
 def test_both_tensor_encodings_and_batched_requests_give_the_same_statistics():
     batched = [prediction_log(encode(rows(40)[i:i + 8], TYPES), 1) for i in range(0, 40, 8)]
     windows = []

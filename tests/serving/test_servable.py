@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from serving.server.errors import ServingRequestError
 from serving.server.servable import flat_signature_call, load_servable_version
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability
 
@@ -44,3 +45,28 @@ def test_functions_that_are_not_keyword_tensor_signatures_keep_the_public_call()
     assert flat_signature_call(positional.get_concrete_function(), ["x"]) is None
     assert flat_signature_call(nested.get_concrete_function(), ["a", "b"]) is None
     assert flat_signature_call(lambda **kwargs: kwargs, ["x"]) is None
+
+
+def test_a_graph_that_rejects_a_value_answers_with_the_kernels_whole_message(tmp_path):
+    """TF Serving returns the failed kernel's message and node; the Python runtime's "Graph execution error:"
+    preamble, stack traces and op name say nothing about the inputs and are left out."""
+    class Fares(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="fare")])
+        def serve(self, fare):
+            checked = tf.debugging.assert_non_negative(fare, message="fare must not be negative")
+            with tf.control_dependencies([checked]):
+                return {"probabilities": tf.sigmoid(fare)}
+
+    module = Fares()
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={"serving_default": module.serve})
+    signature = load_servable_version(MODEL, 1, tmp_path / "1").signature("serving_default")
+    assert signature.run({"fare": np.array([0.0], np.float32)})["probabilities"] == pytest.approx([0.5])
+    with pytest.raises(ServingRequestError) as rejected:
+        signature.run({"fare": np.array([2.0, -3.5], np.float32)})
+    message = rejected.value.message
+    assert rejected.value.http_status == 400
+    assert message == ("The model rejected the inputs: assertion failed: [fare must not be negative.  ] "
+                       "[Condition x >= 0 did not hold element-wise:] [x (fare:0) = ] [2 -3.5]\n"
+                       "\t [[{{node assert_non_negative/assert_less_equal/Assert/AssertGuard/Assert}}]]")
+    for runtime_text in ("Graph execution error", "Detected at node", "stack traces", "[Op:", 'File "'):
+        assert runtime_text not in message, message

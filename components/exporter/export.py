@@ -47,6 +47,7 @@ from reports.records import (
     OptimizationReport,
     RequestEncoding,
 )
+from serving.server.warmup import write_warmup_requests
 from settings.config import ExportConfig
 from settings.tasks import task_metric
 
@@ -353,6 +354,8 @@ def export_and_verify(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
         built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
+        # TF Serving and `mlops serve` run these before the version takes traffic (serving/server/warmup.py).
+        write_warmup_requests(staging, data.columns)
         skipped = unrepresentable_variants(model, options.tflite_variants) if "tflite" in options.formats else {}
         if "tflite/int8" in built:
             calibration_rows = len(next(iter(data.representative.values()))) if data.representative else 0

@@ -23,7 +23,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from serving import DEFAULT_LOAD_RETRY_INTERVAL_S, DEFAULT_MAX_NUM_LOAD_RETRIES
 from serving.repository.base import RepositoryError, list_versions, validate_label, validate_model_name
 from serving.server.errors import invalid_argument, not_found
-from serving.server.servable import ServableLoadError, ServableVersion, load_servable_version
+from serving.server.servable import ServableLoadError, ServableVersion
+from serving.server.warmup import load_and_warm_up
 from settings.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class ModelManager:
 
     def __init__(
         self,
-        loader: Callable[[str, int, str], ServableVersion] = load_servable_version,
+        loader: Callable[[str, int, str], ServableVersion] = load_and_warm_up,
         max_num_load_retries: int = DEFAULT_MAX_NUM_LOAD_RETRIES,
         load_retry_interval_s: float = DEFAULT_LOAD_RETRY_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,

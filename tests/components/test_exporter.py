@@ -12,6 +12,7 @@ import onnx
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
+from tensorflow_serving.apis import prediction_log_pb2
 
 from components.calibration import Calibration, apply, fold, model_logits
 from components.exporter import convert
@@ -20,6 +21,7 @@ from components.exporter.preprocessing import build_spec, preprocess, save_spec
 from components.exporter.runtimes import OnnxRunner, SavedModelRunner, TFLiteRunner, node_executable
 from components.model import export_serving_model
 from reports.records import CalibrationFigures, CalibrationRecord
+from serving.server.warmup import WARMUP_FILE, load_and_warm_up, warm_up
 from settings.config import ExportConfig
 from tests.components.small_model import build_small_model
 
@@ -87,6 +89,24 @@ def test_saved_model_with_the_other_formats_beside_it_still_loads(exported, smal
     original = tf.saved_model.load(small.serving_model_dir).signatures["serving_default"]
     want = original(**{k: tf.constant(small.columns[k][:50], dtype) for k, dtype in dtypes.items()})["probabilities"]
     np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_the_saved_model_carries_warm_up_requests_of_the_first_eval_rows_which_it_answers(exported, small):
+    """TF Serving (and `mlops serve`) run assets.extra/tf_serving_warmup_requests before the version is AVAILABLE."""
+    output_dir, _ = exported
+    logs = [prediction_log_pb2.PredictionLog.FromString(record)
+            for record in tf.data.TFRecordDataset(str(output_dir / WARMUP_FILE)).as_numpy_iterator()]
+    assert [log.predict_log.request.inputs["fare"].tensor_shape.dim[0].size for log in logs] == [1, 8]
+    serve = tf.saved_model.load(str(output_dir)).signatures["serving_default"]
+    assert sorted(logs[1].predict_log.request.inputs) == sorted(serve.structured_input_signature[1])
+    for name, tensor in logs[1].predict_log.request.inputs.items():
+        sent, rows = tf.make_ndarray(tensor), small.columns[name][:8]
+        if sent.dtype == object:
+            assert list(sent) == [v.encode() if isinstance(v, str) else v for v in rows], name
+        else:
+            np.testing.assert_array_equal(sent, rows.astype(sent.dtype), err_msg=name)
+    servable = load_and_warm_up("taxi", 1, output_dir)
+    assert warm_up(servable) == 2
 
 
 def test_onnx_model_passes_the_checker_with_a_recent_opset(exported):

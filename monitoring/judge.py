@@ -132,6 +132,22 @@ def enough(requests: int, min_requests: int) -> bool:
     return requests >= min_requests
 
 
+# The window before must hold at least this share of the judged window's requests: a drift distance's sampling
+# noise grows with 1/n of the smaller window, and the thresholds are set for windows of the judged size.
+COMPARABLE_SHARE = 0.5
+
+
+def previous_window_problem(previous_requests: int, requests: int, min_requests: int) -> str:
+    """Why drift cannot be judged against the window before ('' when it can): fewer than `min_requests`, or under
+    COMPARABLE_SHARE of the judged window's `requests`."""
+    if not enough(previous_requests, min_requests):
+        return f"fewer than monitoring.min_requests ({min_requests:,}) to judge drift"
+    if previous_requests < COMPARABLE_SHARE * requests:
+        return (f"under {COMPARABLE_SHARE:.0%} of the judged window's {requests:,} requests: too few to judge drift "
+                "against")
+    return ""
+
+
 def judge(schema: schema_pb2.Schema, training: Any, serving: Any, previous: Any | None,
           monitoring: MonitoringConfig) -> list[FeatureVerdict]:
     """A verdict per served feature (and one per anomaly outside any), from TFDV statistics: the training split's,

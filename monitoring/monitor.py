@@ -229,7 +229,8 @@ def monitor(config: PipelineConfig, window: Window, version: int | None = None, 
                            f"versions are {', '.join(map(str, sorted(current.requests))) or 'none'}.")
     requests = current.requests.get(version, 0) if version is not None else 0
     judged = gate.enough(requests, monitoring.min_requests)
-    previous_judged = gate.enough(previous.total_requests, monitoring.min_requests)
+    previous_problem = gate.previous_window_problem(previous.total_requests, requests, monitoring.min_requests)
+    previous_judged = not previous_problem
     note = "" if judged else (f"{requests:,} requests in the window, fewer than monitoring.min_requests "
                               f"({monitoring.min_requests:,}): nothing judged")
     verdicts: list[gate.FeatureVerdict] = []
@@ -256,7 +257,8 @@ def monitor(config: PipelineConfig, window: Window, version: int | None = None, 
                   "until": logs.utc_text(window.until) if window.until else None, "last": window.last},
         "log_dir": config.request_log_dir,
         "window": _window_record(current, version),
-        "previous": {**_window_record(previous, None), "judged": judged and previous_judged},
+        "previous": {**_window_record(previous, None), "judged": judged and previous_judged,
+                     "note": previous_problem},
         "thresholds": {key: getattr(monitoring, key) for key in MONITORING_THRESHOLDS},
         "min_requests": monitoring.min_requests,
         "features": [_feature_record(v, training, serving, before) for v in verdicts],

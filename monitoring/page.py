@@ -69,7 +69,7 @@ def _header(record: dict[str, Any]) -> str:
         ["window read", _span(window)],
         ["requests judged", f"{window['requests']:,} requests, {window['rows']:,} rows{served}"],
         ["previous window", f"{previous['requests']:,} requests, {_span(previous)}"
-         + ("" if previous["judged"] else " &mdash; too few to judge drift")],
+         + ("" if previous["judged"] else f" &mdash; {_e(previous.get('note') or 'drift not judged')}")],
         ["judged at", _e(record["finished_at"])],
     ]
     if others:

@@ -241,6 +241,17 @@ def test_a_window_needs_min_requests_to_be_judged():
     assert not gate.enough(999, 1000)
 
 
+@pytest.mark.parametrize("previous, judged, problem", [
+    (999, 1000, "fewer than monitoring.min_requests (1,000) to judge drift"),
+    (1000, 2000, ""),
+    (1000, 2001, "under 50% of the judged window's 2,001 requests: too few to judge drift against"),
+    (1000, 1000, ""),
+    (5000, 1000, ""),
+])
+def test_drift_needs_a_window_before_of_min_requests_and_half_the_judged_ones(previous, judged, problem):
+    assert gate.previous_window_problem(previous, judged, 1000) == problem
+
+
 def _info(anomalies, path, comparison, *measurements):
     info = anomalies.drift_skew_info.add()
     info.path.step.extend(path)

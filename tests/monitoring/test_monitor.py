@@ -69,6 +69,24 @@ def test_requests_drawn_from_the_eval_split_raise_no_skew_anomaly(taxi_run, tmp_
     assert f"statistics of {requests:,} requests answered by version 1" in out
 
 
+def test_drift_is_not_judged_against_a_window_before_under_half_the_judged_ones_size(taxi_run, tmp_path):
+    """Skew is judged; drift against 74 requests for 150 would weigh noise the thresholds were not set for."""
+    evaluation = taxi_run.splits["eval"]
+    log(taxi_run, tmp_path, evaluation[:74], 0, 0)
+    log(taxi_run, tmp_path, shifted(evaluation[74:224]), 10, 1)
+    settings = config(taxi_run, tmp_path, "monitoring.min_requests=50")
+    record = monitor(settings, Window(last=150), now=T0 + timedelta(hours=1)).record
+    assert record["judged"] and {"fare", "payment_type"} <= set(record["flagged"]), "skew still flags the shift"
+    assert record["previous"]["requests"] == 74 and not record["previous"]["judged"]
+    assert record["previous"]["note"] == "under 50% of the judged window's 150 requests: too few to judge drift against"
+    assert all(feature["drift"] is None for feature in record["features"])
+    # One request more before, and drift is judged.
+    log(taxi_run, tmp_path, evaluation[224:225], -10, 2)
+    record = monitor(settings, Window(last=150), now=T0 + timedelta(hours=1)).record
+    assert record["previous"]["requests"] == 75 and record["previous"]["judged"] and record["previous"]["note"] == ""
+    assert all(feature["drift"] is not None for feature in record["features"])
+
+
 def test_a_shifted_fare_and_an_unseen_payment_type_are_flagged_and_nothing_else(taxi_run, tmp_path):
     evaluation = taxi_run.splits["eval"]
     log(taxi_run, tmp_path, evaluation, 0, 0)

@@ -18,7 +18,7 @@ RECORD = {
                "sampling_rates": [0.5], "skipped": {"not a Predict request": 4}, "truncated_files": []},
     "previous": {"files": 0, "from": None, "to": None, "requests": 0, "rows": 0,
                  "all_requests": 0, "versions": {}, "sampling_rates": [], "skipped": {}, "truncated_files": [],
-                 "judged": False},
+                 "judged": False, "note": "fewer than monitoring.min_requests (100) to judge drift"},
     "thresholds": {"categorical_skew": 0.1, "numeric_skew": 0.25, "categorical_drift": 0.1, "numeric_drift": 0.25},
     "min_requests": 100,
     "features": [
@@ -52,7 +52,7 @@ def test_the_page_escapes_what_the_requests_carried_and_fetches_nothing():
     assert "1 feature crossed a threshold or broke the training schema: company." in page
     assert "500 requests, 620 rows (sampled at 50%: about 1,000 served)" in page
     assert "version 2: 10 requests" in page and "4 not a Predict request" in page
-    assert "0 requests, no log file &mdash; too few to judge drift" in page
+    assert "0 requests, no log file &mdash; fewer than monitoring.min_requests (100) to judge drift" in page
     assert page.count("data-chart='shares-company'") == 1 and page.count("data-chart='cdf-fare&quot;x'") == 1
     # The flagged feature's section comes first.
     assert page.index("id='feature-company'") < page.index("id='feature-fare&quot;x'")

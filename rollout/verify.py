@@ -17,6 +17,7 @@ from typing import Any
 
 from rollout.backends import Backend, Endpoint
 from rollout.metrics import MetricsError, Snapshot, window_figures
+from serving import TRAFFIC_HEADER, VERIFIER_TRAFFIC
 from settings.errors import UserError
 
 
@@ -310,5 +311,8 @@ class Verifier:
 def _serving_clients(endpoint: Endpoint, retries: int | None) -> tuple[Any, Any]:
     from serving.clients import GrpcClient, RestClient
 
-    options = {} if retries is None else {"retries": retries}
+    # Marked, so that the servers leave the golden rows out of the request logs `mlops monitor` judges.
+    options: dict[str, Any] = {"headers": {TRAFFIC_HEADER: VERIFIER_TRAFFIC}}
+    if retries is not None:
+        options["retries"] = retries
     return RestClient(endpoint.rest, **options), GrpcClient(endpoint.grpc, **options)

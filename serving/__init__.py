@@ -1,4 +1,5 @@
 """TF Serving's model repository layout, clients and the local serving tools."""
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # TF Serving's own defaults, shared by the server and the command line without importing TensorFlow.
@@ -12,6 +13,21 @@ DEFAULT_UPSTREAM_GRPC = "127.0.0.1:9500"
 # TF Serving's defaults for --max_num_load_retries and --load_retry_interval_micros (in seconds here).
 DEFAULT_MAX_NUM_LOAD_RETRIES = 5
 DEFAULT_LOAD_RETRY_INTERVAL_S = 60.0
+# The header (and gRPC metadata key) the rollout's verifier marks its golden requests with, and its value: the
+# servers and `mlops log-proxy` leave them out of the request logs, so `mlops monitor` judges users' requests alone.
+TRAFFIC_HEADER = "x-mlops-traffic"
+VERIFIER_TRAFFIC = "verifier"
+
+
+def is_verifier(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bool:
+    """Whether a request's headers (HTTP or gRPC metadata pairs, bytes or text) mark it as the verifier's."""
+    for name, value in headers:
+        name = name.decode("latin-1") if isinstance(name, bytes) else name
+        if name.lower() == TRAFFIC_HEADER:
+            value = value.decode("latin-1") if isinstance(value, bytes) else value
+            if value.strip().lower() == VERIFIER_TRAFFIC:
+                return True
+    return False
 
 
 @dataclass(frozen=True)

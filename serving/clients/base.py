@@ -30,8 +30,11 @@ def _describe(model: str, version: int | None, label: str | None) -> str:
 class ServingClient(ABC):
     """One API over both transports. Retries, with exponential backoff, only when the server is unavailable."""
 
-    def __init__(self, retries: int = 3, backoff_s: float = 0.1, metadata_ttl_s: float = 30.0) -> None:
+    def __init__(self, retries: int = 3, backoff_s: float = 0.1, metadata_ttl_s: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> None:
         self.retries = retries
+        # Sent with every call: HTTP headers, or gRPC metadata (whose keys are lower case).
+        self.headers = {name.lower(): value for name, value in (headers or {}).items()}
         self.backoff_s = backoff_s
         self.metadata_ttl_s = metadata_ttl_s
         self._metadata_cache: dict[tuple, tuple[float, ModelMetadata]] = {}

@@ -119,7 +119,7 @@ class RestClient(ServingClient):
 
     def _request(self, method: str, path: str, body: Any, timeout: float) -> dict[str, Any]:
         data = json.dumps(body, allow_nan=True).encode("utf-8") if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers = {**self.headers, "Content-Type": "application/json"} if data is not None else dict(self.headers)
         for _ in range(2):
             connection, reused = self._connection(timeout)
             try:
@@ -184,7 +184,7 @@ class GrpcClient(ServingClient):
     def _call(self, method, request, timeout: float, what: str):
         grpc = self._grpc
         try:
-            return method(request, timeout=timeout)
+            return method(request, timeout=timeout, metadata=tuple(self.headers.items()) or None)
         except grpc.RpcError as e:
             code = e.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:

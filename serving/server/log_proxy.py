@@ -33,7 +33,7 @@ import httptools
 import uvloop
 from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
-from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits
+from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits, is_verifier
 from serving.server.grpc.servicer import MAX_RESPONSE_BYTES
 from serving.server.monitoring import METRICS_PATH, RequestLogMetrics
 from serving.server.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays, wire_model_spec
@@ -264,13 +264,18 @@ class RestForwarder:
         await _send(send, status, [(n, v) for n, v in headers if n not in HOP_BY_HOP and n not in SERVER_SET],
                     answer)
         if status == 200 and method == "POST" and self.request_logger is not None:
-            self._maybe_log(path, body, answer)
+            self._maybe_log(path, body, answer, is_verifier(scope["headers"]))
 
-    def _maybe_log(self, path: str, body: bytes, answer: bytes) -> None:
+    def _maybe_log(self, path: str, body: bytes, answer: bytes, verifier: bool) -> None:
         match = PREDICT_PATH.fullmatch(path)
-        if match is None or match.group(4).lower() != "predict" or not self.request_logger.sample():
+        if match is None or match.group(4).lower() != "predict":
             return
         name, version, label = unquote(match.group(1)), match.group(2), match.group(3)
+        if verifier:
+            self.request_logger.leave_out_verifier(name)
+            return
+        if not self.request_logger.sample():
+            return
         try:
             version_number = _parse_version(version)
         except Exception:  # noqa: BLE001 - TF Serving answered it, so this does not happen
@@ -321,12 +326,18 @@ class GrpcForwarder(grpc.GenericRpcHandler):
             response = await call(request, timeout=context.time_remaining(), metadata=metadata)
         except grpc.aio.AioRpcError as e:
             await context.abort(e.code(), e.details() or "", _user_metadata(e.trailing_metadata()))
-        if method == PREDICT_METHOD and self.request_logger is not None and self.request_logger.sample():
+        if method == PREDICT_METHOD and self.request_logger is not None:
+            verifier = is_verifier(metadata)
+            if not verifier and not self.request_logger.sample():
+                return response
             try:
                 model = wire_model_spec(request, 1).name
             except Exception:  # noqa: BLE001 - TF Serving parsed it, so this does not happen
                 return response
-            self.request_logger.submit(model, functools.partial(grpc_prediction, request, response))
+            if verifier:
+                self.request_logger.leave_out_verifier(model)
+            else:
+                self.request_logger.submit(model, functools.partial(grpc_prediction, request, response))
         return response
 
 

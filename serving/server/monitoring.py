@@ -15,7 +15,8 @@ METRICS_PATH = "/monitoring/prometheus/metrics"
 # (core/request_logger.cc, util/prometheus_exporter.cc GeneratePage, 2.16.1), and `mlops log-proxy` appends this
 # family to that page, where a second declaration of one name would make Prometheus reject the whole scrape.
 REQUEST_LOG_COUNT = ":mlops:serving:request_log_count"
-REQUEST_LOG_STATUSES = ("written", "dropped", "failed")
+# verifier: predictions the rollout's verifier sent (serving.TRAFFIC_HEADER), left out of the logs.
+REQUEST_LOG_STATUSES = ("written", "dropped", "failed", "verifier")
 # TF Serving's request_latency buckets (servables/tensorflow/util.cc: ExponentialBuckets(10, 1.8, 33)).
 LATENCY_BOUNDS_US = [10 * 1.8**i for i in range(33)]
 
@@ -71,7 +72,8 @@ class RequestMetrics:
 
 
 class RequestLogMetrics:
-    """Sampled predictions by model and outcome: written, dropped or failed; each model's three start at 0."""
+    """Predictions by model and outcome: sampled and written, dropped or failed, or the verifier's (not logged); each
+    model's four start at 0."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

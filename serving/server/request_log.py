@@ -208,6 +208,10 @@ class RequestLogger:
         rate = self.settings.sampling_rate
         return rate >= 1.0 or (rate > 0.0 and self._random.random() < rate)
 
+    def leave_out_verifier(self, model: str) -> None:
+        """Counts a prediction of the rollout's verifier, which the logs leave out: they hold users' requests."""
+        self.metrics.count(model, "verifier")
+
     def submit(self, model: str, build: Callable[[], LoggedPrediction]) -> None:
         """Queues one sampled prediction of `model`; a full queue drops it (counted), never waits."""
         if self._stopping:

@@ -10,7 +10,16 @@ import pytest
 
 from rollout.backends import Endpoint
 from rollout.metrics import MetricsError, Snapshot, window_figures
-from rollout.verify import INCONCLUSIVE, MIN_SHARE_REQUESTS, Limits, Verifier, compare_answers, share_check
+from rollout.verify import (
+    INCONCLUSIVE,
+    MIN_SHARE_REQUESTS,
+    Limits,
+    Verifier,
+    _serving_clients,
+    compare_answers,
+    share_check,
+)
+from serving import TRAFFIC_HEADER, VERIFIER_TRAFFIC
 from serving.clients import ServingError
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedClient, ScriptedMetrics, counters
 
@@ -498,3 +507,14 @@ def test_errors_are_every_request_not_ok_and_a_counter_seen_once_at_zero_is_no_c
     assert (figures["requests"], figures["errors"], figures["error_rate"]) == (3.0, 3.0, 1.0)
     idle = window_figures(before, before, "canary")
     assert (idle["requests"], idle["error_rate"], idle["servers"]) == (0.0, 0.0, 1)
+
+
+def test_the_verifiers_clients_mark_its_requests_so_that_the_servers_leave_them_out_of_the_logs():
+    """tests/serving/test_request_log.py and test_log_proxy.py show the servers honouring the mark."""
+    rest, rpc = _serving_clients(Endpoint("http://127.0.0.1:8501", "127.0.0.1:8500"), retries=2)
+    try:
+        for client in (rest, rpc):
+            assert client.headers == {TRAFFIC_HEADER: VERIFIER_TRAFFIC} and client.retries == 2
+    finally:
+        rest.close()
+        rpc.close()

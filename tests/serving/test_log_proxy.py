@@ -27,7 +27,7 @@ from serving.server.monitoring import METRICS_PATH, REQUEST_LOG_COUNT
 from serving.server.request_log import RequestLogger, log_files, read_prediction_logs
 from settings.config import RequestLogConfig
 from tests.serving.conftest import MODEL, ROW, save_tiny_model
-from tests.serving.test_request_log import grpc_request
+from tests.serving.test_request_log import grpc_request, verifier_and_user_predictions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREDICTION_SERVICE = "/tensorflow.serving.PredictionService/"
@@ -192,7 +192,7 @@ def test_the_metrics_page_is_the_servers_with_the_proxys_counts_appended(upstrea
     assert status == 200 and content_type.startswith("text/plain")
     assert page.startswith(server_page)
     counts = {s.labels["status"]: s.value for s in parse_prometheus_text(page.decode()) if s.name == REQUEST_LOG_COUNT}
-    assert counts == {"written": 1, "dropped": 0, "failed": 0}
+    assert counts == {"written": 1, "dropped": 0, "failed": 0, "verifier": 0}
     assert page.decode().count(f"# TYPE {REQUEST_LOG_COUNT} counter") == 1
 
 
@@ -265,8 +265,18 @@ def test_an_unwritable_log_leaves_proxied_requests_answered_and_counts_failures(
                             ROWS)[0] == 200
         proxy.request_logger.flush()
         counts = {status: proxy.request_logger.metrics.value(MODEL, status)
-                  for status in ("written", "dropped", "failed")}
+                  for status in ("written", "dropped", "failed", "verifier")}
     finally:
         proxy.stop()
     # random.Random(5): 3 of its first 12 draws are below 0.5.
-    assert counts == {"written": 0, "dropped": 0, "failed": 3}
+    assert counts == {"written": 0, "dropped": 0, "failed": 3, "verifier": 0}
+
+
+def test_the_proxy_leaves_the_verifiers_predictions_out_of_the_logs_and_counts_them(proxy, tmp_path):
+    verifier_and_user_predictions(proxy.rest_url, proxy.grpc_target)
+    proxy.request_logger.flush()
+    counts = {status: proxy.request_logger.metrics.value(MODEL, status)
+              for status in ("written", "dropped", "failed", "verifier")}
+    assert counts == {"written": 2, "dropped": 0, "failed": 0, "verifier": 3}
+    logged = [r for path in log_files(str(tmp_path / "logs"), MODEL) for r in read_prediction_logs(path)]
+    assert [r.predict_log.request.model_spec.version_label for r in logged] == ["", ""]

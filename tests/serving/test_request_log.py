@@ -16,6 +16,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
 from rollout.metrics import parse_prometheus_text
+from serving import TRAFFIC_HEADER, VERIFIER_TRAFFIC, is_verifier
+from serving.clients import GrpcClient, RestClient
 from serving.server import request_log
 from serving.server.monitoring import REQUEST_LOG_COUNT
 from serving.server.request_log import (
@@ -125,7 +127,32 @@ def test_every_sampled_prediction_is_counted_as_written(logged_server):
         assert http_json("POST", f"{logged_server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})[0] == 200
     grpc_predict(logged_server.grpc_target, grpc_request())
     logged_server.request_logger.flush()
-    assert log_counts(logged_server) == {"written": 4, "dropped": 0, "failed": 0}
+    assert log_counts(logged_server) == {"written": 4, "dropped": 0, "failed": 0, "verifier": 0}
+
+
+def verifier_and_user_predictions(rest_url: str, grpc_target: str) -> None:
+    """Two user predictions and three of the rollout's verifier (marked as rollout/verify.py marks them), over both
+    transports."""
+    mark = {TRAFFIC_HEADER: VERIFIER_TRAFFIC}
+    for options in ({}, {"headers": mark}):
+        with RestClient(rest_url, **options) as rest, GrpcClient(grpc_target, **options) as rpc:
+            assert rest.predict(ROW, MODEL) == pytest.approx([expected_probability(ROW, 2)])
+            assert rpc.predict(ROW, MODEL) == pytest.approx([expected_probability(ROW, 2)])
+            if options:
+                assert rest.predict(ROW, MODEL, label="stable") == pytest.approx([expected_probability(ROW, 1)])
+
+
+def test_the_verifiers_predictions_are_counted_apart_and_left_out_of_the_logs(logged_server, tmp_path):
+    verifier_and_user_predictions(logged_server.rest_url, logged_server.grpc_target)
+    logged_server.request_logger.flush()
+    assert log_counts(logged_server) == {"written": 2, "dropped": 0, "failed": 0, "verifier": 3}
+    assert [r.predict_log.request.model_spec.version_label for r in records(tmp_path / "logs")] == ["", ""]
+
+
+def test_the_verifiers_mark_is_one_header_read_as_http_and_grpc_send_it():
+    assert is_verifier([(b"x-mlops-traffic", b"verifier")]) and is_verifier([("X-MLOps-Traffic", " Verifier ")])
+    assert not is_verifier([("x-mlops-traffic", "user")]) and not is_verifier([("x-other", "verifier")])
+    assert not is_verifier([])
 
 
 @pytest.mark.parametrize("rate", [0.0, 1.0, 0.3])
@@ -273,7 +300,7 @@ def test_an_unwritable_log_folder_leaves_requests_answered_and_counts_failures(r
             assert status == 200 and body["predictions"][0] == pytest.approx(expected_probability(ROW, 2), rel=1e-6)
         grpc_predict(server.grpc_target, grpc_request())
         logger.flush()
-        assert log_counts(server) == {"written": 0, "dropped": 0, "failed": 4}
+        assert log_counts(server) == {"written": 0, "dropped": 0, "failed": 4, "verifier": 0}
     finally:
         server.stop()
 
@@ -302,11 +329,11 @@ def test_a_writer_that_fails_mid_run_is_counted_and_the_next_file_recovers(logge
         assert http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})[0] == 200
     grpc_predict(server.grpc_target, grpc_request())
     server.request_logger.flush()
-    assert log_counts(server) == {"written": 1, "dropped": 0, "failed": 3}
+    assert log_counts(server) == {"written": 1, "dropped": 0, "failed": 3, "verifier": 0}
     monkeypatch.setattr(request_log, "open_record_file", opened)
     assert http_json("POST", f"{server.rest_url}/v1/models/{MODEL}:predict", {"instances": [ROW]})[0] == 200
     server.request_logger.flush()
-    assert log_counts(server) == {"written": 2, "dropped": 0, "failed": 3}
+    assert log_counts(server) == {"written": 2, "dropped": 0, "failed": 3, "verifier": 0}
     server.stop()
     assert len(records(tmp_path / "logs")) == 2
 

@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from serving import is_verifier
 from serving.server.api_messages import SIGNATURE_DEF_FIELD, model_metadata_response, model_status_response
 from serving.server.errors import ServingRequestError, invalid_argument
 from serving.server.grpc.codec import _filled_vector, array_to_tensor_proto, tensor_proto_to_array
@@ -120,7 +121,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             answer = response.SerializeToString()
             self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started)
-            if self.request_logger is not None and self.request_logger.sample():
+            if self.request_logger is not None and is_verifier(context.invocation_metadata() or ()):
+                self.request_logger.leave_out_verifier(servable.model_name)
+            elif self.request_logger is not None and self.request_logger.sample():
                 # The messages as they crossed the wire: nothing to build but the record around them.
                 prediction = LoggedPrediction(servable.version, signature.name, data, answer)
                 self.request_logger.submit(servable.model_name, lambda: prediction)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from serving import is_verifier
 from serving.server.errors import ServingRequestError
 from serving.server.limits import AdmissionControl, ServingLimits, check_request_bytes
 from serving.server.monitoring import METRICS_PATH
@@ -44,14 +45,14 @@ class RestApp:
         length, chunked = _body_framing(scope["headers"])
         body_pending = chunked or length > 0
         try:
-            status, payload, close = await self._answer(method, raw_path, length, receive)
+            status, payload, close = await self._answer(method, raw_path, length, receive, scope["headers"])
         except _EarlyAnswer as e:
             status, payload, close = e.status, {"error": e.message}, e.close
             if body_pending and not close and not await self._drained(receive, length, chunked):
                 close = True
         await _send_json(send, status, payload, close)
 
-    async def _answer(self, method, raw_path, length, receive) -> tuple[int, dict, bool]:
+    async def _answer(self, method, raw_path, length, receive, headers) -> tuple[int, dict, bool]:
         if not raw_path.lower().startswith("/v1/"):
             raise _EarlyAnswer(404, f"Unknown path {raw_path}; the API lives under /v1/models/.", close=False)
         try:
@@ -69,7 +70,7 @@ class RestApp:
         reservation = [length]  # grows with a chunked body
         try:
             body = await self._read_body(receive, length, reservation)
-            status, payload = await self.api.handle(method, raw_path, body)
+            status, payload = await self.api.handle(method, raw_path, body, is_verifier(headers))
             return status, payload, False
         finally:
             self.admission.release(reservation[0])

@@ -70,12 +70,14 @@ class RestApi:
         self.request_logger = request_logger
         self._json_limits_cache: dict[int, tuple[ServableVersion, tuple[int, int]]] = {}
 
-    async def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False
+                     ) -> tuple[int, dict[str, Any]]:
+        """`verifier`: the request carries the rollout verifier's mark (serving.TRAFFIC_HEADER): not logged."""
         path = raw_path.split("?", 1)[0]
         started = time.perf_counter()
         status = "OK"
         try:
-            return 200, await self._dispatch(method, path, body)
+            return 200, await self._dispatch(method, path, body, verifier)
         except ServingRequestError as e:
             status = e.code.name
             return e.http_status, {"error": e.message}
@@ -87,7 +89,7 @@ class RestApi:
             model, api = _model_and_api(method, path)
             self.metrics.record(model, status, api, "REST", time.perf_counter() - started)
 
-    async def _dispatch(self, method: str, path: str, body: bytes) -> dict[str, Any]:
+    async def _dispatch(self, method: str, path: str, body: bytes, verifier: bool = False) -> dict[str, Any]:
         if method == "POST":
             match = PREDICT_PATH.fullmatch(path)
             if match:
@@ -96,7 +98,8 @@ class RestApi:
                     raise ServingRequestError(
                         grpc.StatusCode.UNIMPLEMENTED, f"The {verb} API is not implemented here; use :predict."
                     )
-                return await self._predict(unquote(name), _parse_version(version), label and unquote(label), body)
+                return await self._predict(unquote(name), _parse_version(version), label and unquote(label), body,
+                                           verifier)
         elif method == "GET":
             match = STATUS_PATH.fullmatch(path)
             if match:
@@ -110,7 +113,8 @@ class RestApi:
                 return message_to_json_dict(model_status_response(states))
         raise invalid_argument(f"Malformed request: {method} {path}")
 
-    async def _predict(self, name: str, version: int | None, label: str | None, body: bytes) -> dict[str, Any]:
+    async def _predict(self, name: str, version: int | None, label: str | None, body: bytes,
+                       verifier: bool = False) -> dict[str, Any]:
         servable = self.manager.resolve(name, version, label)
         if len(body) > self.inline_bytes:  # a large body is sized up and parsed off the event loop
             loop = asyncio.get_running_loop()
@@ -120,7 +124,9 @@ class RestApi:
         signature_name, arrays, row_format = prepared
         signature, outputs = await self.predictor.predict(servable, signature_name, arrays, "rest")
         answer = outputs_to_json(outputs, row_format)
-        if self.request_logger is not None and self.request_logger.sample():
+        if self.request_logger is not None and verifier:
+            self.request_logger.leave_out_verifier(servable.model_name)
+        elif self.request_logger is not None and self.request_logger.sample():
             self.request_logger.submit(servable.model_name, functools.partial(
                 predict_messages_from_arrays, servable.model_name, version, label, servable.version, signature.name,
                 arrays, outputs))

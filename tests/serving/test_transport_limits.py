@@ -325,7 +325,7 @@ class EchoApi:
     def __init__(self, admission: AdmissionControl) -> None:
         self.admission = admission
 
-    async def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict]:
+    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False) -> tuple[int, dict]:
         in_flight = [self.admission.requests, self.admission.bytes]
         return 200, {"method": method, "path": raw_path, "body": body.decode(), "in_flight": in_flight}
 

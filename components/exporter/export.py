@@ -154,15 +154,16 @@ def export_formats(
     output_dir: str,
     options: ExportConfig,
     representative: dict[str, np.ndarray] | None = None,
+    warmup_rows: dict[str, np.ndarray] | None = None,
 ) -> dict[str, tuple[Path, Runner]]:
     """Writes every configured format under the local folder `output_dir`; returns each artifact's path and a
-    runner for it. `representative`: raw training rows (request form) that int8 quantization calibrates on, and
-    whose first rows are the SavedModel's warm-up requests."""
+    runner for it. `representative`: raw training rows (request form) that int8 quantization calibrates on;
+    `warmup_rows`: raw eval rows whose first ones become the SavedModel's warm-up requests."""
     out = Path(output_dir)
     convert.export_saved_model(serving_model_dir, output_dir)
-    if representative:
+    if warmup_rows:
         # TF Serving and `mlops serve` run these before the version takes traffic (serving/server/warmup.py).
-        write_warmup_requests(output_dir, representative)
+        write_warmup_requests(output_dir, warmup_rows)
     output_name = spec_task(spec).output_name
     built: dict[str, tuple[Path, Runner]] = {"saved_model": (out, SavedModelRunner(output_dir, output_name))}
     with tempfile.TemporaryDirectory() as tmp:
@@ -357,7 +358,8 @@ def export_and_verify(
     `failure_dir`, a folder that outlives the failed component's outputs, when given)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="export-") as staging:
-        built = export_formats(serving_model_dir, model, spec, staging, options, data.representative)
+        built = export_formats(serving_model_dir, model, spec, staging, options, data.representative,
+                               warmup_rows=data.columns)
         skipped = unrepresentable_variants(model, options.tflite_variants) if "tflite" in options.formats else {}
         if "tflite/int8" in built:
             calibration_rows = len(next(iter(data.representative.values()))) if data.representative else 0

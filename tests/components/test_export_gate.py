@@ -279,10 +279,11 @@ def test_export_and_verify_pushes_nothing_past_the_gate(tmp_path, eval_set, monk
     output_dir = tmp_path / "version"
     output_dir.mkdir()
 
-    def export_formats(*args):
+    def export_formats(*args, warmup_rows):
         # The formats are built in a staging folder, then copied to the artifact's folder with the report.
         staging = Path(args[3])
         assert args[:3] + args[4:] == ("serving_model", model, spec, options(), data.representative)
+        assert warmup_rows is data.columns
         assert staging != output_dir and staging.is_dir()
         return stand_in_artifacts(staging, eval_set, onnx_diff, (0.005, 0.015))[0]
 
@@ -339,7 +340,7 @@ def test_export_and_verify_stages_under_its_own_name_and_records_the_task_of_the
     output_dir = tmp_path / "version"
     output_dir.mkdir()
 
-    def export_formats(serving_model_dir, model, spec, staging, options, representative):
+    def export_formats(serving_model_dir, model, spec, staging, options, representative, warmup_rows):
         assert Path(staging).name.startswith("export-")
         return regression_artifacts(Path(staging))[0]
 
@@ -425,7 +426,7 @@ def test_export_and_verify_publishes_without_an_int8_variant_that_clips_and_says
     _, data = stand_in_artifacts(tmp_path / "unused", eval_set, 0.9 * MAX_ABS_DIFF, (0.021, 0.03))
     data.representative = {"row": np.arange(10)}
 
-    def export_formats(*args):
+    def export_formats(*args, warmup_rows):
         built = stand_in_artifacts(Path(args[3]), eval_set, 0.9 * MAX_ABS_DIFF, (0.021, 0.03))[0]
         path, runner = built["tflite/int8"]
         built["tflite/int8"] = (path, ClippingRunner(runner.probabilities))

@@ -91,7 +91,7 @@ def test_saved_model_with_the_other_formats_beside_it_still_loads(exported, smal
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
-def test_the_saved_model_carries_warm_up_requests_of_the_first_training_rows_which_it_answers(exported, small):
+def test_the_saved_model_carries_warm_up_requests_of_the_first_eval_rows_which_it_answers(exported, small):
     """TF Serving (and `mlops serve`) run assets.extra/tf_serving_warmup_requests before the version is AVAILABLE."""
     output_dir, _ = exported
     logs = [prediction_log_pb2.PredictionLog.FromString(record)
@@ -100,7 +100,7 @@ def test_the_saved_model_carries_warm_up_requests_of_the_first_training_rows_whi
     serve = tf.saved_model.load(str(output_dir)).signatures["serving_default"]
     assert sorted(logs[1].predict_log.request.inputs) == sorted(serve.structured_input_signature[1])
     for name, tensor in logs[1].predict_log.request.inputs.items():
-        sent, rows = tf.make_ndarray(tensor), small.train_columns[name][:8]
+        sent, rows = tf.make_ndarray(tensor), small.columns[name][:8]
         if sent.dtype == object:
             assert list(sent) == [v.encode() if isinstance(v, str) else v for v in rows], name
         else:

@@ -206,15 +206,22 @@ _PREAMBLE = "Graph execution error:"
 _DETECTED_AT = re.compile(r"^Detected at node .* defined at \(most recent call last\):$")
 _FRAME = re.compile(r"^(  File |    |<stack traces unavailable>$)")
 _OP_SUFFIX = re.compile(r"\s*\[Op:[^\]]*\]$")
+# A gRPC error's message travels in the grpc-message trailer, within gRPC's default 8 KiB of metadata; REST gets the
+# same message.
+MAX_ERROR_CHARS = 4096
 
 
 def kernel_message(error: Exception) -> str:
     """The failed kernel's whole message and the node it names, as TF Serving returns it: without the Python
-    runtime's preamble and stack traces, which name this server's code, not the user's inputs."""
+    runtime's preamble and stack traces, which name this server's code, not the user's inputs; at most
+    MAX_ERROR_CHARS characters and a count of the rest."""
     lines = str(error).strip().splitlines()
     if lines and lines[0].strip() == _PREAMBLE:
         lines = lines[1:]
         while lines and (not lines[0].strip() or _DETECTED_AT.match(lines[0]) or _FRAME.match(lines[0])):
             lines = lines[1:]
-    text = _OP_SUFFIX.sub("", "\n".join(lines)).strip()
-    return text or type(error).__name__
+    text = _OP_SUFFIX.sub("", "\n".join(lines)).strip() or type(error).__name__
+    if len(text) > MAX_ERROR_CHARS:
+        cut = len(text) - MAX_ERROR_CHARS
+        text = f"{text[:MAX_ERROR_CHARS]}... ({cut:,} more characters)"
+    return text

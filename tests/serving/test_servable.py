@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from serving.server.errors import ServingRequestError
-from serving.server.servable import flat_signature_call, load_servable_version
+from serving.server.servable import MAX_ERROR_CHARS, flat_signature_call, kernel_message, load_servable_version
 from tests.serving.conftest import FEATURES, MODEL, ROW, expected_probability
 
 ROWS = [ROW, {**ROW, "fare": 40.0, "payment_type": "Credit Card"}, {**ROW, "trip_start_hour": 23}]
@@ -70,3 +70,10 @@ def test_a_graph_that_rejects_a_value_answers_with_the_kernels_whole_message(tmp
                        "\t [[{{node assert_non_negative/assert_less_equal/Assert/AssertGuard/Assert}}]]")
     for runtime_text in ("Graph execution error", "Detected at node", "stack traces", "[Op:", 'File "'):
         assert runtime_text not in message, message
+
+
+@pytest.mark.parametrize("length, kept", [(MAX_ERROR_CHARS, MAX_ERROR_CHARS), (MAX_ERROR_CHARS + 1, MAX_ERROR_CHARS)])
+def test_a_long_message_is_cut_at_its_bound_and_says_how_much_was_left(length, kept):
+    message = kernel_message(tf.errors.InvalidArgumentError(None, None, "x" * length))
+    assert message[:kept] == "x" * kept
+    assert message[kept:] == ("" if length == kept else "... (1 more characters)")

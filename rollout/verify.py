@@ -96,6 +96,9 @@ class Limits:
 # Below this many user requests in a window the canary's share of them is not judged, nor stable's p99 used as a
 # reference: too few to tell.
 MIN_SHARE_REQUESTS = 20
+# A canary that got none of a window's user requests at a non-zero step fails once that is this improbable by chance
+# ((1 - weight)^n, n the user requests): the route sends it no users, whatever its other figures say.
+NO_TRAFFIC_CHANCE = 0.001
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 
 
@@ -130,10 +133,15 @@ def percentile_99(latencies_ms: list[float]) -> float:
 
 def share_check(canary: float, stable: float, weight: int, sigmas: float) -> dict[str, Any]:
     """The canary's observed share of `canary + stable` user predictions against the step's weight, with a binomial
-    tolerance of `sigmas` standard deviations (at 0% or 100%, as if one request in n went the other way)."""
+    tolerance of `sigmas` standard deviations (at 0% or 100%, as if one request in n went the other way); `error`
+    when the canary got none of them at a non-zero step and that is under NO_TRAFFIC_CHANCE by chance."""
     n = canary + stable
     expected = weight / 100.0
     figures: dict[str, Any] = {"user_requests": n, "expected": expected}
+    chance = (1.0 - expected) ** n
+    if weight > 0 and canary == 0 and n > 0 and chance < NO_TRAFFIC_CHANCE:
+        figures["error"] = (f"the canary got none of {n:.0f} user requests at a {weight}% step ({chance:.1e} likely "
+                            "by chance): the route sends it no users")
     if n < MIN_SHARE_REQUESTS:
         figures["checked"] = False
         return figures
@@ -301,6 +309,8 @@ class Verifier:
               and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]):
             figures["error"] = (f"p99 latency {figures['p99_ms']:.1f} ms against stable's {stable['p99_ms']:.1f} ms "
                                 f"in the same window > rollout.max_p99_ratio {limits.max_p99_ratio}x")
+        elif (figures.get("share") or {}).get("error"):
+            figures["error"] = figures["share"]["error"]
         elif (figures.get("share") or {}).get("inconclusive"):
             # Judged after the limits: a canary failing its limits fails, whatever share of the traffic it got.
             figures["inconclusive"] = figures["share"]["inconclusive"]

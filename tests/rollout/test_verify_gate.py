@@ -13,6 +13,7 @@ from rollout.metrics import MetricsError, Snapshot, window_figures
 from rollout.verify import (
     INCONCLUSIVE,
     MIN_SHARE_REQUESTS,
+    NO_TRAFFIC_CHANCE,
     Limits,
     Verifier,
     _serving_clients,
@@ -434,9 +435,38 @@ def test_a_share_exactly_at_the_tolerance_passes():
 
 
 def test_the_share_is_judged_only_with_enough_user_traffic():
-    assert share_check(0, MIN_SHARE_REQUESTS - 1, 50, 4.0)["checked"] is False
-    assert share_check(0, MIN_SHARE_REQUESTS, 50, 4.0)["checked"] is True
-    assert "inconclusive" in share_check(0, MIN_SHARE_REQUESTS, 50, 4.0)
+    assert share_check(1, MIN_SHARE_REQUESTS - 2, 50, 4.0)["checked"] is False
+    assert share_check(1, MIN_SHARE_REQUESTS - 1, 50, 4.0)["checked"] is True
+    assert "inconclusive" in share_check(1, MIN_SHARE_REQUESTS - 1, 50, 4.0)
+
+
+@pytest.mark.parametrize("stable, weight, fails", [
+    # (1 - weight)^n against NO_TRAFFIC_CHANCE: 0.9^65 = 0.00106, 0.9^66 = 0.00096; 0.5^9 = 0.0020, 0.5^10 = 0.00098.
+    (65, 10, False), (66, 10, True), (9, 50, False), (10, 50, True), (687, 1, False), (688, 1, True),
+    (5000, 0, False), (1, 100, True),
+])
+def test_a_canary_that_gets_no_user_at_a_non_zero_step_fails_once_that_is_no_chance(stable, weight, fails):
+    assert NO_TRAFFIC_CHANCE == 0.001
+    figures = share_check(0, stable, weight, 4.0)
+    if fails:
+        assert figures["error"].startswith(f"the canary got none of {stable} user requests at a {weight}% step (")
+        assert figures["error"].endswith("likely by chance): the route sends it no users")
+    else:
+        assert "error" not in figures
+    assert "error" not in share_check(1, stable, weight, 4.0), "one user request is traffic"
+
+
+def test_a_window_whose_canary_got_no_user_fails_though_its_own_figures_pass(tmp_path):
+    """The verifier's requests keep the canary's counters moving; users' requests are what the route carries."""
+    before = snap({"c-0": counters()}, {"s-0": counters()})
+    after = snap({"c-0": counters(ok=SENT)}, {"s-0": counters(ok=200)})
+    figures = metrics_window(tmp_path, before, after, weight=10)
+    assert figures["verdict"] == "failed" and figures["requests"] == SENT and figures["error_rate"] == 0.0
+    assert figures["error"].startswith("the canary got none of 200 user requests at a 10% step (7.1e-10 likely")
+    # A limit the canary misses is named first.
+    after = snap({"c-0": counters(ok=SENT, errors=1)}, {"s-0": counters(ok=200)})
+    figures = metrics_window(tmp_path, before, after, weight=10)
+    assert figures["verdict"] == "failed" and figures["error"].startswith("error rate ")
 
 
 def test_window_figures_add_up_every_server_of_the_track():

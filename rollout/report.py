@@ -135,23 +135,72 @@ def _markers(record: dict[str, Any]) -> list[tuple[float, str, str]]:
     return marks
 
 
+# A marker label's width per character at font-size 9, on the wide side (capitals, digits), so that labels laid
+# side by side never touch in a browser; tests measure the real widths in chromium.
+_LABEL_CHAR_PX = 6.0
+_LABEL_ROW_PX = 11
+# Clock-time ticks on the chart's axis: the smallest of these steps that gives at most _MAX_TICKS ticks.
+_TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+_MAX_TICKS = 8
+
+
+def label_rows(spans: list[tuple[float, float]], gap: float = 4.0) -> list[int]:
+    """The row of each label, given its (left, right) in pixels, in order: the first row where it overlaps no
+    label already placed there (with `gap` pixels between), so that close markers' labels stack instead of
+    overlapping."""
+    placed: list[list[tuple[float, float]]] = []
+    rows = []
+    for left, right in spans:
+        row = next((i for i, taken in enumerate(placed)
+                    if all(right + gap <= a or b + gap <= left for a, b in taken)), len(placed))
+        if row == len(placed):
+            placed.append([])
+        placed[row].append((left, right))
+        rows.append(row)
+    return rows
+
+
+def clock_ticks(t0: float, t1: float) -> list[float]:
+    """Round clock times (UTC seconds) between t0 and t1, at most _MAX_TICKS of them."""
+    span = max(t1 - t0, 1e-9)
+    step = next((s for s in _TICK_STEPS_S if span / s < _MAX_TICKS), _TICK_STEPS_S[-1])
+    first = math.ceil(t0 / step) * step
+    return [float(t) for t in range(int(first), int(t1) + 1, step) if t0 <= t <= t1]
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t))
+
+
 def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
-    """One SVG panel per figure: a line per track over time, dashed lines at the steps and the verdict."""
+    """One SVG panel per figure: a line per track over clock time (UTC), dashed lines at the steps and the verdict,
+    their labels stacked where they would overlap."""
     times = traffic["times"]
     if len(times) < 2:
         return "<p>Prometheus holds too few samples of this rollout to chart.</p>"
-    width, height, left, right, top = 900, 130, 60, 20, 22
+    width, plot_height, left, right = 900, 108, 60, 20
     t0, t1 = times[0], times[-1]
 
     def x(t: float) -> float:
         return left + (width - left - right) * (t - t0) / (t1 - t0)
 
+    markers = []
+    for at, label, color in _markers(record):
+        if t0 <= at <= t1:
+            text_width = len(label) * _LABEL_CHAR_PX
+            # A label that would run past the plot's right edge ends at its line instead.
+            anchor_end = x(at) + 2 + text_width > width - right
+            span = (x(at) - 2 - text_width, x(at) - 2) if anchor_end else (x(at) + 2, x(at) + 2 + text_width)
+            markers.append((at, label, color, anchor_end, span))
+    rows = label_rows([m[4] for m in markers])
+    top = 22 + _LABEL_ROW_PX * max(rows, default=0)
+    height = top + plot_height
     panels = []
     for key, title, fmt in _FIGURES:
         values = [v for figures in traffic["tracks"].values() for v in figures[key] if v is not None]
         top_value = max(values, default=0.0) or 1.0
 
-        def y(v: float, top_value=top_value) -> float:
+        def y(v: float, top_value=top_value, top=top) -> float:
             return top + (height - top - 20) * (1 - v / top_value)
 
         parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
@@ -160,15 +209,19 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
                  f'<line x1="{left}" y1="{height - 20}" x2="{width - right}" y2="{height - 20}" stroke="#999"/>',
                  f'<text x="{left - 4}" y="{top + 4}" font-size="10" text-anchor="end">{fmt.format(top_value)}</text>',
                  f'<text x="{left - 4}" y="{height - 20}" font-size="10" text-anchor="end">0</text>',
-                 f'<text x="{left}" y="{height - 4}" font-size="10">0 s</text>',
-                 f'<text x="{width - right}" y="{height - 4}" font-size="10" text-anchor="end">'
-                 f'{t1 - t0:.0f} s</text>']
-        for at, label, color in _markers(record):
-            if t0 <= at <= t1:
-                parts.append(f'<line x1="{x(at):.1f}" y1="{top}" x2="{x(at):.1f}" y2="{height - 20}" '
-                             f'stroke="{color}" stroke-dasharray="4 3"/>')
-                parts.append(f'<text x="{x(at) + 2:.1f}" y="{top + 10}" font-size="9" fill="{color}">'
-                             f'{_e(label)}</text>')
+                 f'<text x="{left - 4}" y="{height - 4}" font-size="10" text-anchor="end">UTC</text>']
+        for tick in clock_ticks(t0, t1):
+            parts.append(f'<line x1="{x(tick):.1f}" y1="{height - 20}" x2="{x(tick):.1f}" y2="{height - 16}" '
+                         'stroke="#999"/>')
+            parts.append(f'<text x="{x(tick):.1f}" y="{height - 4}" font-size="10" text-anchor="middle" '
+                         f'data-tick="{tick:.0f}">{_clock(tick)}</text>')
+        for (at, label, color, anchor_end, _), row in zip(markers, rows, strict=True):
+            label_y = 32 + _LABEL_ROW_PX * row
+            parts.append(f'<line x1="{x(at):.1f}" y1="{label_y - 8}" x2="{x(at):.1f}" y2="{height - 20}" '
+                         f'stroke="{color}" stroke-dasharray="4 3"/>')
+            label_x, anchor = (x(at) - 2, "end") if anchor_end else (x(at) + 2, "start")
+            parts.append(f'<text x="{label_x:.1f}" y="{label_y}" font-size="9" fill="{color}" '
+                         f'text-anchor="{anchor}" data-marker="{row}">{_e(label)}</text>')
         for track, figures in sorted(traffic["tracks"].items()):
             segment: list[str] = []
             segments = []
@@ -189,9 +242,11 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
         panels.append("".join(parts))
     legend = " ".join(f"<span style='color:{_TRACK_COLORS.get(t, '#666')}'>&#9632; {_e(t)}</span>"
                       for t in sorted(traffic["tracks"]))
-    return (f"<p>{legend}: what the servers counted, from Prometheus. As TF Serving's request_count does, the error "
-            "rate counts status and metadata requests too, so the controller's polls for a version still loading "
-            "(NOT_FOUND) show where a track has little traffic.</p>" + "<br>".join(panels))
+    return (f"<p>{legend}: what the servers counted, from Prometheus, over clock time (UTC). The canary's figures hold "
+            "the verifier's golden requests beside the users' (the servers' metrics do not tell them apart; the table "
+            "above counts each). As TF Serving's request_count does, the error rate counts status and metadata "
+            "requests too, so the controller's polls for a version still loading (NOT_FOUND) show where a track has "
+            "little traffic.</p>" + "<br>".join(panels))
 
 
 def _skew_tables(rows: list[dict[str, Any]]) -> list[str]:
@@ -252,7 +307,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
         out.append(_chart(rows))
         out.append("<table><tr><th>step</th><th>canary traffic</th><th>canary servers</th><th>golden rows</th>"
                    "<th>max |diff| REST</th><th>max |diff| gRPC</th><th>REST vs gRPC</th><th>window</th>"
-                   "<th>requests</th><th>errors</th><th>error rate</th><th>p99 ms</th><th>verdict</th></tr>")
+                   "<th>canary requests</th><th>of them the verifier's</th><th>user requests (both tracks)</th>"
+                   "<th>errors</th><th>error rate</th><th>p99 ms</th><th>verdict</th></tr>")
         for i, figures in enumerate(rows):
             golden, window = figures.get("golden") or {}, figures.get("window") or {}
             inconclusive = "; ".join(f["inconclusive"] for f in (window, figures.get("skew") or {})
@@ -264,7 +320,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
             cells = [i, f"{figures.get('weight', 0)}%", figures.get("canary_servers", "-"), golden.get("rows", "-"),
                      _number(golden.get("rest_max_abs_diff"), 6), _number(golden.get("grpc_max_abs_diff"), 6),
                      _number(golden.get("rest_grpc_max_abs_diff"), 6), window_text,
-                     _number(window.get("requests"), 0), _number(window.get("errors"), 0),
+                     _number(window.get("requests"), 0), _number(window.get("verifier_requests"), 0),
+                     _number((window.get("share") or {}).get("user_requests"), 0), _number(window.get("errors"), 0),
                      _number(window.get("error_rate"), 4), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")

@@ -9,7 +9,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from serving.server.servable import ServableLoadError, load_servable_version
 from serving.server.warmup import MAX_WARMUP_RECORDS, WARMUP_FILE, load_and_warm_up, warm_up, write_warmup_requests
-from tests.serving.conftest import FEATURES, MODEL, ROW, copy_export, http_json, wait_for
+from tests.serving.conftest import FEATURES, MODEL
 
 ROWS = {"fare": np.array([2.5, 40.0, np.nan, 7.0] * 3), "trip_start_hour": np.array([7, 23, 0, 12] * 3),
         "payment_type": np.array([b"Cash", b"Credit Card", b"", b"Cash"] * 3, dtype=object)}
@@ -141,22 +141,3 @@ def test_a_file_that_is_not_prediction_logs_fails_the_load(tmp_path):
     with pytest.raises(ServableLoadError, match=r"Please verify your warmup data is in TFRecord format") as failed:
         load_and_warm_up(MODEL, 1, export)
     assert failed.value.code == "DATA_LOSS"
-
-
-def test_the_server_warms_a_version_up_before_it_is_available_and_reports_one_that_fails(repository, server,
-                                                                                        tiny_exports):
-    warmed = copy_export(tiny_exports[3], repository.model_dir(MODEL) / "3")
-    write_warmup_requests(str(warmed), {name: np.array([value]) for name, value in ROW.items()})
-    broken = copy_export(tiny_exports[3], repository.model_dir(MODEL) / "4")
-    write_records(broken, [predict_log(warmed, fare=np.array(["a string"]))])
-    repository.serve(MODEL, [1, 2, 3, 4], {"stable": 1, "canary": 2})
-
-    def state(version):
-        status, body = http_json("GET", f"{server.rest_url}/v1/models/{MODEL}/versions/{version}")
-        return body["model_version_status"][0] if status == 200 else {}
-
-    wait_for(lambda: state(3).get("state") == "AVAILABLE" and state(4).get("state") == "END",
-             what="version 3 to load and version 4 to fail")
-    assert state(4)["status"]["error_code"] == "INVALID_ARGUMENT"
-    assert state(4)["status"]["error_message"].startswith(f"warmup request 1 of {broken}/{WARMUP_FILE} failed: ")
-    assert server.manager.available_versions(MODEL) == [1, 2, 3]

@@ -143,6 +143,8 @@ def failure_report(config: PipelineConfig, error: Exception, state: dict[str, ob
     if isinstance(error, UserError):
         summary.failure = f"{getattr(error, 'prefix', 'error')}: {error}"
     summary.log_path = str(state["log_path"])
+    summary.stage_seconds = dict(state.get("stage_seconds") or {})
+    summary.elapsed_seconds = float(state.get("elapsed_seconds") or 0.0)
     summary.total_seconds = round(time.monotonic() - STARTED, 2)
     try:
         _, html_path = write_report(summary, run_report_dir(config, summary.run_id))
@@ -196,6 +198,9 @@ def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict
             raise PipelineError(f"the pipeline could not be built: {error}; see the full log at {log_path}") from error
         progress.failed()
         state["stage"] = progress.current or "the pipeline"
+        # The failed run's report shows how long each finished stage took, as a finished run's does.
+        state["stage_seconds"] = {node: round(took, 2) for node, (took, _) in progress.finished.items()}
+        state["elapsed_seconds"] = round(progress.elapsed(), 2)
         gate = _find_cause(error, DataValidationError)
         if gate is not None:
             raise gate from None
@@ -205,8 +210,8 @@ def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict
             with _logs_to_file(log_path):
                 verdict = evaluator_verdict(config)
         # A portable runner's failure is its whole Java stack trace: its one telling line here, all of it in the log.
-        reason = _runner_job_failure(error) or error
-        raise PipelineError(f"{stage} failed: {reason}{verdict}; see the full log at {log_path}") from error
+        message = stage_failure(stage, _runner_job_failure(error) or str(error), verdict, log_path)
+        raise PipelineError(message) from error
 
     state["stage"] = "reading the run back"
     # Reading the run back (TFMA, TFDV, tf.data) logs and warns too: into the same file.
@@ -232,6 +237,12 @@ def _run_local(config: PipelineConfig, out: TextIO, data_only: bool, state: dict
     else:
         _print_summary(summary, json_path, html_path, out)
     return summary
+
+
+def stage_failure(stage: str, reason: str, verdict: str, log_path: str) -> str:
+    """The sentence of a stage that failed: its reason (the period that ended it dropped, as the sentence goes on),
+    the Evaluator's verdict when it did not bless the model, and the log."""
+    return f"{stage} failed: {reason.rstrip().removesuffix('.')}{verdict}; see the full log at {log_path}"
 
 
 def run_report_dir(config: PipelineConfig, run_id: str) -> str:

@@ -460,6 +460,20 @@ def grpc_example(model_name: str, version: int, row: dict[str, Any], target: str
             f"    print(client.predict_outputs([row], {model_name!r}, version={version}))")
 
 
+def _publication_state(summary: dict[str, Any]) -> str:
+    """What the publication changed and what serves it, as the console says it (pipeline.runner._print_summary)."""
+    version = esc(summary.get("published_version"))
+    # A summary from before these fields were recorded published what it names.
+    if not summary.get("published_new", True):
+        return f"Nothing new was published: version {version} already holds this model (an earlier run published it)."
+    if "stable" in (summary.get("published_labels") or []):
+        return "It is labelled stable: it serves without a rollout."
+    if summary.get("published_serving"):
+        return "It is the version served: it serves without a rollout."
+    return (f"Publishing routes no traffic: <code>mlops rollout start --version {version}</code> moves it to "
+            "serving.")
+
+
 def _serving(summary: dict[str, Any]) -> str:
     serving = summary.get("serving") or {}
     version = summary.get("published_version")
@@ -468,9 +482,8 @@ def _serving(summary: dict[str, Any]) -> str:
     model = serving.get("model_name") or "model"
     row = serving.get("row") or {}
     parts = [f"<p>Version <b>{esc(version)}</b> of <b>{esc(model)}</b> at <code>{esc(summary.get('pushed_path'))}"
-             f"</code>. Publishing routes no traffic: <code>mlops rollout start --version {esc(version)}</code> moves "
-             f"it to serving. Serve the repository locally with <code>mlops serve</code> (REST on 8501, gRPC on "
-             "8500), then:</p>"]
+             f"</code>. {_publication_state(summary)} Serve the repository locally with <code>mlops serve</code> "
+             "(REST on 8501, gRPC on 8500), then:</p>"]
     if row:
         parts.append(f"<h3>REST</h3><pre>{esc(rest_example(model, version, row))}</pre>"
                      f"<h3>gRPC (Python)</h3><pre>{esc(grpc_example(model, version, row))}</pre>"
@@ -492,7 +505,9 @@ def _header(summary: dict[str, Any]) -> str:
     else:
         facts.append({True: "<span class='good'>blessed</span>", False: "<span class='bad'>not blessed</span>",
                       None: "not judged"}[summary.get("blessed")])
-    if summary.get("published_version") is not None:
+    if summary.get("published_version") is not None and not summary.get("published_new", True):
+        facts.append(f"nothing new published (version {esc(summary['published_version'])} holds this model)")
+    elif summary.get("published_version") is not None:
         facts.append(f"published as version {esc(summary['published_version'])}")
     nav = "".join(f"<a href='#{s}'>{esc(section_title(s, summary))}</a>" for s in SECTIONS)
     log = f" &middot; log: <code>{esc(summary['log_path'])}</code>" if summary.get("log_path") else ""

@@ -43,6 +43,22 @@ def test_no_rollout_hint_for_the_version_that_serves():
     assert "rollout" not in printed(same)
 
 
+def test_the_run_page_gives_the_same_hint_as_the_console():
+    serving = run_page(summary(published_version=1, pushed_path="/s/m/1", published_new=True,
+                               published_serving=True).to_dict())
+    assert "It is the version served: it serves without a rollout." in serving and "rollout start" not in serving
+    stable = run_page(summary(published_version=3, pushed_path="/s/m/3", published_new=True,
+                              published_labels=["stable"]).to_dict())
+    assert "It is labelled stable: it serves without a rollout." in stable and "rollout start" not in stable
+    waiting = run_page(summary(published_version=2, pushed_path="/s/m/2", published_new=True).to_dict())
+    assert "<code>mlops rollout start --version 2</code> moves it to serving" in waiting
+    assert "published as version 2" in waiting
+    same = run_page(summary(published_version=1, pushed_path="/s/m/1", published_new=False,
+                            published_serving=True).to_dict())
+    assert "Nothing new was published: version 1 already holds this model" in same
+    assert "rollout start" not in same and "published as version" not in same
+
+
 def test_a_regression_report_has_no_decision_threshold_text():
     page = run_page(summary().to_dict())
     calibration = page.split("<section id='calibration'>")[1].split("</section>")[0]

@@ -268,6 +268,24 @@ def test_the_servers_p99_at_the_limit(tmp_path, p99, verdict):
         assert figures["error"] == "p99 latency 250.0 ms > rollout.max_p99_ms 250.0"
 
 
+@pytest.mark.parametrize("p99, verdict", [(250.0, "passed"), (math.nextafter(250.0, math.inf), "failed")])
+def test_a_p99_exactly_at_the_limit_passes_and_the_next_float_fails(tmp_path, p99, verdict):
+    # The interpolated figures above cannot land on the limit itself; the judgement is taken on figures given exactly.
+    verifier, _, _ = build(tmp_path)
+    figures = verifier._judge({"requests": 100, "errors": 0, "error_rate": 0.0, "p99_ms": p99})
+    assert figures["verdict"] == verdict
+
+
+@pytest.mark.parametrize("p99, verdict", [(4.0, "passed"), (math.nextafter(4.0, math.inf), "failed")])
+def test_a_p99_exactly_at_the_ratio_to_stables_passes_and_the_next_float_fails(tmp_path, p99, verdict):
+    verifier, _, _ = build(tmp_path)  # max_p99_ratio 2.0: stable's 2.0 ms allows 4.0 ms
+    stable = {"requests": 1000, "errors": 0, "error_rate": 0.0, "predictions": 1000, "p99_ms": 2.0}
+    figures = verifier._judge({"requests": 100, "errors": 0, "error_rate": 0.0, "p99_ms": p99, "stable": stable})
+    assert figures["verdict"] == verdict
+    if verdict == "failed":
+        assert figures["error"].endswith("> rollout.max_p99_ratio 2.0x")
+
+
 @pytest.mark.parametrize("canary_errors, verdict", [(59, "passed"), (61, "failed")])
 def test_the_canary_error_rate_against_stable_in_the_same_window(tmp_path, canary_errors, verdict):
     # Stable 0.001 in the window; the canary may exceed it by max_error_rate_increase (0.005): 0.0059 passes,

@@ -1106,6 +1106,11 @@ def _validate(config: PipelineConfig) -> None:
         raise ConfigError("training.hidden_units must list at least one layer size.")
     if not 0.0 <= config.training.dropout < 1.0:
         raise ConfigError("training.dropout must be in [0, 1).")
+    for key, rate in (("training.learning_rate", config.training.learning_rate),
+                      ("optimize.learning_rate", config.optimize.learning_rate),
+                      ("optimize.distill.learning_rate", config.optimize.distill.learning_rate)):
+        if not rate > 0.0:  # NaN too: a run that learns nothing would only be found unblessed at its end
+            raise ConfigError(f"{key} must be positive; got {rate}.")
     _validate_optimize_and_export(config)
     _validate_calibration(config)
     _validate_rollout(config.rollout)

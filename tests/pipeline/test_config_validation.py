@@ -19,6 +19,18 @@ def test_training_counts_need_at_least_one(key):
     assert refusal(f"training.{key}=0") == f"training.{key} must be at least 1."
 
 
+@pytest.mark.parametrize("key", ["training.learning_rate", "optimize.learning_rate", "optimize.distill.learning_rate"])
+def test_a_learning_rate_must_be_positive(key):
+    section, _, name = key.rpartition(".")
+    loaded = load_config(None, [f"{key}=1e-12"])
+    for part in section.split("."):
+        loaded = getattr(loaded, part)
+    assert getattr(loaded, name) == 1e-12
+    assert refusal(f"{key}=0") == f"{key} must be positive; got 0.0."
+    assert refusal(f"{key}=-1") == f"{key} must be positive; got -1.0."
+    assert refusal(f"{key}=.nan") == f"{key} must be positive; got nan."
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["training.dropout=1.0"], "training.dropout must be in [0, 1)."),
     (["training.dropout=-0.01"], "training.dropout must be in [0, 1)."),

@@ -402,13 +402,16 @@ def _print_summary(summary: RunSummary, json_path: str, html_path: str, out: Tex
         print(f"  exported      {export.eval_rows} eval rows through every format:", file=out)
         for line in table_lines(export):
             print(f"    {line}", file=out)
-    if summary.published_version is not None and not summary.published_new:
+    from reports.run_page import publication_state
+
+    state = publication_state(summary.published_new, summary.published_labels, summary.published_serving)
+    if summary.published_version is not None and state == "nothing_new":
         print(f"  published     nothing new: version {summary.published_version} at {summary.pushed_path} already "
               "holds this model (an earlier run published it)", file=out)
     elif summary.published_version is not None:
         print(f"  published     version {summary.published_version} at {summary.pushed_path}", file=out)
-        if "stable" in summary.published_labels or summary.published_serving:
-            why = "it is labelled stable" if "stable" in summary.published_labels else "it is the version served"
+        if state in ("stable", "served"):
+            why = "it is labelled stable" if state == "stable" else "it is the version served"
             print(f"                (`mlops versions` lists it; {why}: it serves without a rollout)", file=out)
         else:
             print(f"                (`mlops versions` lists it; `mlops rollout start --version "

@@ -460,18 +460,28 @@ def grpc_example(model_name: str, version: int, row: dict[str, Any], target: str
             f"    print(client.predict_outputs([row], {model_name!r}, version={version}))")
 
 
-def _publication_state(summary: dict[str, Any]) -> str:
-    """What the publication changed and what serves it, as the console says it (pipeline.runner._print_summary)."""
+def publication_state(published_new: bool, labels: list[str], serving: bool) -> str:
+    """What a run's publication changed and what serves it, as the console and the page both say it: nothing_new
+    (an earlier run published this model), stable (labelled stable), served (the version served) or waiting (a
+    rollout moves traffic to it)."""
+    if not published_new:
+        return "nothing_new"
+    if "stable" in labels:
+        return "stable"
+    return "served" if serving else "waiting"
+
+
+def _publication_sentence(summary: dict[str, Any]) -> str:
     version = esc(summary.get("published_version"))
     # A summary from before these fields were recorded published what it names.
-    if not summary.get("published_new", True):
-        return f"Nothing new was published: version {version} already holds this model (an earlier run published it)."
-    if "stable" in (summary.get("published_labels") or []):
-        return "It is labelled stable: it serves without a rollout."
-    if summary.get("published_serving"):
-        return "It is the version served: it serves without a rollout."
-    return (f"Publishing routes no traffic: <code>mlops rollout start --version {version}</code> moves it to "
-            "serving.")
+    state = publication_state(summary.get("published_new", True), summary.get("published_labels") or [],
+                              bool(summary.get("published_serving")))
+    return {"nothing_new": f"Nothing new was published: version {version} already holds this model (an earlier "
+                           "run published it).",
+            "stable": "It is labelled stable: it serves without a rollout.",
+            "served": "It is the version served: it serves without a rollout.",
+            "waiting": f"Publishing routes no traffic: <code>mlops rollout start --version {version}</code> moves it "
+                       "to serving."}[state]
 
 
 def _serving(summary: dict[str, Any]) -> str:
@@ -482,7 +492,7 @@ def _serving(summary: dict[str, Any]) -> str:
     model = serving.get("model_name") or "model"
     row = serving.get("row") or {}
     parts = [f"<p>Version <b>{esc(version)}</b> of <b>{esc(model)}</b> at <code>{esc(summary.get('pushed_path'))}"
-             f"</code>. {_publication_state(summary)} Serve the repository locally with <code>mlops serve</code> "
+             f"</code>. {_publication_sentence(summary)} Serve the repository locally with <code>mlops serve</code> "
              "(REST on 8501, gRPC on 8500), then:</p>"]
     if row:
         parts.append(f"<h3>REST</h3><pre>{esc(rest_example(model, version, row))}</pre>"

@@ -260,6 +260,7 @@ def test_corrupted_csv_is_stopped_by_the_gate(taxi_slice, tmp_path, capsys):
     assert summary["failure"].startswith("stopped by the data-validation gate: ") and "payment_type" in \
         summary["failure"]
     assert summary["data"], "the statistics of the run that failed are in its report"
+    assert "CsvExampleGen" in summary["stage_seconds"] and summary["elapsed_seconds"] > 0, "and the stages' times"
 
 
 @pytest.mark.parametrize("drop, fare_word, message", [

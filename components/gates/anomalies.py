@@ -33,6 +33,10 @@ class DataValidationError(UserError, RuntimeError):
             f"{lines}\nfull report: {report_path}"
         )
 
+    def __reduce__(self) -> tuple[type, tuple[list[Anomaly], str]]:
+        # A gate run in a stage worker sends its verdict back pickled: it must arrive as itself, not as a crash.
+        return type(self), (self.anomalies, self.report_path)
+
 
 def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
     """Every anomaly ExampleValidator wrote under `anomalies_uri`, one entry per split and feature."""

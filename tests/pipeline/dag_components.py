@@ -10,9 +10,7 @@ from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArti
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types.standard_artifacts import Examples
 
-
-class GateError(RuntimeError):
-    """A verdict that stops the run, as DataValidationError does."""
+from components.gates.anomalies import Anomaly, DataValidationError
 
 
 def _record(log_dir: str, name: str, started: float) -> None:
@@ -30,12 +28,12 @@ def Source(log_dir: Parameter[str], data: OutputArtifact[Examples]) -> None:  # 
 @component
 def Step(log_dir: Parameter[str], name: Parameter[str], seconds: Parameter[float], fail: Parameter[str],
          upstream: InputArtifact[Examples], data: OutputArtifact[Examples]) -> None:  # noqa: N802
-    """Sleeps `seconds`, then fails as `fail` says ('' no, 'gate' with a GateError, 'crash' with a ValueError)."""
+    """Sleeps `seconds`, then fails as `fail` says ('' no, 'gate': DataValidationError, 'crash': ValueError)."""
     started = time.time()
     time.sleep(seconds)
     _record(log_dir, name, started)
     if fail == "gate":
-        raise GateError(f"{name}: the data failed validation")
+        raise DataValidationError([Anomaly("train", name, "the data failed validation")], data.uri)
     if fail == "crash":
         raise ValueError(f"{name}: crashed")
     os.makedirs(data.uri, exist_ok=True)

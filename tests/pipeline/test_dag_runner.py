@@ -9,10 +9,11 @@ from ml_metadata.proto import metadata_store_pb2
 from tfx.orchestration.metadata import sqlite_metadata_connection_config
 from tfx.orchestration.pipeline import Pipeline
 
+from components.gates.anomalies import DataValidationError
 from pipeline.local.dag_runner import ConcurrentDagRunner
 from pipeline.local.node_launch import lock_path
 from pipeline.local.stage_workers import StageWorkers
-from tests.pipeline.dag_components import GateError, Source, Step
+from tests.pipeline.dag_components import Source, Step
 
 
 def started_workers():
@@ -88,7 +89,7 @@ def test_a_failed_gate_ends_the_run_at_once(tmp_path):
     nothing after the gate starts."""
     pipeline = build(tmp_path, [("Gate", 0.5, "gate", "Source"), ("Slow", 120.0, "", "Source"),
                                 ("AfterGate", 0.0, "", "Gate")])
-    with pytest.raises(GateError, match="failed validation"), started_workers() as own:
+    with pytest.raises(DataValidationError, match="failed validation"), started_workers() as own:
         ConcurrentDagRunner(own, gates=frozenset({"Gate"})).run(pipeline)
     ran = records(tmp_path)
     assert "AfterGate" not in ran
@@ -100,7 +101,7 @@ def test_a_gate_still_explains_a_failure_beside_it(tmp_path):
     """Crash fails first; the gate, which does not depend on it, still runs and its verdict is the one raised."""
     pipeline = build(tmp_path, [("Slow", 2.0, "", "Source"), ("Crash", 0.0, "crash", "Source"),
                                 ("Gate", 0.0, "gate", "Slow"), ("AfterCrash", 0.0, "", "Crash")])
-    with pytest.raises(GateError, match="failed validation"), started_workers() as own:
+    with pytest.raises(DataValidationError, match="failed validation"), started_workers() as own:
         ConcurrentDagRunner(own, gates=frozenset({"Gate"})).run(pipeline)
     ran = records(tmp_path)
     assert ran["Crash"]["end"] < ran["Gate"]["start"]
@@ -119,7 +120,9 @@ def test_without_a_gate_verdict_the_first_failure_is_raised_after_independent_st
 def test_a_verdict_from_the_worker_keeps_its_type(tmp_path, workers):
     # Busy runs here (first in topological order), so the gate runs in the worker.
     pipeline = build(tmp_path, [("Busy", 1.0, "", "Source"), ("Gate", 0.0, "gate", "Source")])
-    with pytest.raises(GateError, match="failed validation"):
+    with pytest.raises(DataValidationError, match="failed validation") as caught:
         ConcurrentDagRunner(workers, gates=frozenset({"Gate"})).run(pipeline)
+    assert [str(a) for a in caught.value.anomalies] == ["[train] Gate: the data failed validation"]
+    assert caught.value.exit_code == 3 and os.path.join("Gate", "data") in caught.value.report_path
     ran = records(tmp_path)
     assert ran["Gate"]["pid"] == workers.workers[0].process.pid and ran["Busy"]["pid"] == os.getpid()

@@ -350,6 +350,9 @@ def export_serving_model(
     """SavedModel with `serving_default` (raw named features), `serving_examples` (tf.Example, for TFMA)
     and `transform_features` (TFMA's preprocessing function); a binary model's chosen `decision_threshold`, when
     given, is saved as its `decision_threshold` variable."""
+    # Keras saves its metrics' running totals with the model: zeroed, the same weights make the same bytes, which
+    # is how the Publisher knows a re-run's model from a new one (serving.repository.base.content_digest).
+    model.reset_metrics()
     module = ServingModule(model, tft_output, layout, task, decision_threshold)
     signatures = {
         "serving_default": module.serving_default(),

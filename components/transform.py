@@ -23,7 +23,20 @@ def label_constants(label: LabelConfig, values: tf.Tensor) -> dict[str, tf.Tenso
     if label.kind != "regression":
         return {}
     present = tf.boolean_mask(values, tf.logical_not(tf.math.is_nan(values)))
-    return {LABEL_CONSTANTS: tf.stack([tft.mean(present), tf.sqrt(tft.var(present))])}
+    return {LABEL_CONSTANTS: tf.stack(mean_and_std(present))}
+
+
+def mean_and_std(present: tf.Tensor, rows: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """The mean and standard deviation (float32) of the present values; with `rows`, the values' count over all
+    rows, the deviation once the missing cells are filled with the mean (the variance shrinks by present / all),
+    from one pass over the present values, so that the constants need no second analysis phase.
+
+    Accumulated in float64: TF Transform combines per-batch moments, and Beam sizes batches by timing, so float32
+    sums would differ in the last bit from run to run, and so would the model built on them."""
+    mean, variance = tft.mean(present, output_dtype=tf.float64), tft.var(present, output_dtype=tf.float64)
+    if rows is not None:
+        variance *= tf.cast(tft.size(present), tf.float64) / tf.cast(tft.size(tf.ones([rows])), tf.float64)
+    return tf.cast(mean, tf.float32), tf.cast(tf.sqrt(variance), tf.float32)
 
 
 def record_constants(constants: dict[str, tf.Tensor], like: tf.Tensor) -> None:
@@ -140,9 +153,7 @@ def datetime_features(x: tf.Tensor | tf.SparseTensor, fmt: str, parts: list[str]
     present = values["date_present"]
     year = tf.cast(values["year"], tf.float32)
     present_years = tf.boolean_mask(year, present)
-    mean = tft.mean(present_years)
-    share = tf.cast(tft.size(present_years), tf.float32) / tf.cast(tft.size(tf.ones_like(year)), tf.float32)
-    std = tf.sqrt(tft.var(present_years) * share)
+    mean, std = mean_and_std(present_years, tf.shape(year)[0])
     ids = {"month": values["month"] - 1, "day_of_week": values["day_of_week"], "hour": values["hour"]}
     outputs = {"year": z_score(tf.where(present, year, mean), mean, std)}
     for part in parts:
@@ -164,13 +175,9 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     for key in layout.numeric:
         x = as_float(inputs[key])
         present = present_values(x)
-        mean = tft.mean(present)
-        filled, _ = dense_and_present(x, mean)
-        # Missing cells are filled with the mean: the mean stays, the variance shrinks by present / all rows.
-        # Computed from the present values in one pass, so the constants need no second analysis phase.
         rows = tf.shape(x)[0] if isinstance(x, tf.Tensor) else x.dense_shape[0]
-        share = tf.cast(tft.size(present), tf.float32) / tf.cast(tft.size(tf.ones([rows])), tf.float32)
-        std = tf.sqrt(tft.var(present) * share)
+        mean, std = mean_and_std(present, rows)
+        filled, _ = dense_and_present(x, mean)
         name = transformed_name(key)
         outputs[name] = z_score(filled, mean, std)
         constants[key] = tf.stack([mean, mean, std])

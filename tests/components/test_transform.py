@@ -250,3 +250,39 @@ def test_a_regression_label_is_the_number_and_its_mean_and_std_are_recorded(tmp_
     assert task.kind == "regression" and task.output_name == "value"
     assert task.label_mean == pytest.approx(tips.mean(), rel=1e-6)
     assert task.label_std == pytest.approx(tips.std(), rel=1e-5)
+
+
+def constants_with_batches(tmp_path_factory, rows: list[dict], batch_size: int) -> dict[str, list[float]]:
+    """The recorded constants of a regression run on `rows` when TF Transform analyses them `batch_size` at a time."""
+    import tensorflow_transform as tft
+
+    from components.transform import read_constants
+
+    config = {**CUSTOM_CONFIG, "label": {"name": "target", "kind": "regression", "column": "tips", "threshold": 0.5,
+                                         "relative_to": "", "positive_value": ""},
+              "data": {"numeric_features": ["fare", "trip_miles"], "bucket_features": [], "vocab_features": []}}
+    spec = {key: FEATURE_SPEC[key] for key in ("fare", "trip_miles", "tips")}
+    metadata = dataset_metadata.DatasetMetadata(schema_utils.schema_from_feature_spec(spec))
+    output_dir = str(tmp_path_factory.mktemp("transform_output"))
+    with tft_beam.Context(temp_dir=str(tmp_path_factory.mktemp("tft")), desired_batch_size=batch_size,
+                          force_tf_compat_v1=False):
+        transform_fn = (rows, metadata) | tft_beam.AnalyzeDataset(lambda inputs: preprocessing_fn(inputs, config))
+        _ = transform_fn | tft_beam.WriteTransformFn(output_dir)
+    return read_constants(tft.TFTransformOutput(output_dir))
+
+
+def test_the_constants_do_not_depend_on_how_rows_are_batched(tmp_path_factory):
+    """Beam sizes TF Transform's batches by timing: a re-run of the same data must still make the same model bytes,
+    so each mean and deviation is the float64 figure rounded once to float32, whatever the batches."""
+    generator = np.random.default_rng(7)
+    # House prices: a mean far from zero, where float32 sums lose the last bits first.
+    prices = generator.normal(591_525.0, 166_142.5, 300).astype(np.float32)
+    fares = generator.uniform(3.0, 90.0, 300).astype(np.float32)
+    rows = [{"fare": [fare], "trip_miles": [] if i % 4 == 0 else [fare / 3], "tips": [price]}
+            for i, (fare, price) in enumerate(zip(fares, prices, strict=True))]
+    by_batch = [constants_with_batches(tmp_path_factory, rows, size) for size in (7, 64, 300)]
+    assert by_batch[0] == by_batch[1] == by_batch[2]
+    prices64, miles64 = prices.astype(np.float64), np.array([r["trip_miles"][0] for r in rows if r["trip_miles"]])
+    constants = by_batch[0]
+    assert constants["__label__"] == [np.float32(prices64.mean()), np.float32(prices64.std())]
+    assert constants["trip_miles"] == [np.float32(miles64.mean())] * 2 + [np.float32(miles64.std() * math.sqrt(0.75))]

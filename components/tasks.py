@@ -20,6 +20,9 @@ from settings.tasks import OUTPUT_NAMES, TASK_METRICS, TaskKind, task_metric
 PROB_EPSILON = 1e-7
 # Score buckets of the streaming AUC the Evaluator computes (MulticlassStats): resolution 1/AUC_BUCKETS.
 AUC_BUCKETS = 2000
+# Rows up to which MulticlassStats keeps each prediction, so that its AUC is the exact one the Exporter computes:
+# a confident model's probabilities crowd into the end buckets, where the histogram counts them as ties.
+EXACT_AUC_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,9 @@ class BinaryStats:
 class MulticlassStats:
     """Mergeable sums from which the multiclass metrics follow: what the Evaluator's TFMA combiners accumulate.
 
-    The class count grows with the widest prediction seen, so nothing needs to know the classes beforehand. AUC
-    comes from score histograms (AUC_BUCKETS per class): two scores in one bucket count as a tie.
+    The class count grows with the widest prediction seen, so nothing needs to know the classes beforehand. AUC is
+    exact (as task_metrics computes it) up to EXACT_AUC_ROWS rows; past them it comes from score histograms
+    (AUC_BUCKETS per class), where two scores in one bucket count as a tie.
     """
 
     weight: float = 0.0
@@ -197,6 +201,8 @@ class MulticlassStats:
     confusion: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     positives: np.ndarray = field(default_factory=lambda: np.zeros((0, AUC_BUCKETS)))
     negatives: np.ndarray = field(default_factory=lambda: np.zeros((0, AUC_BUCKETS)))
+    # (label, probabilities, weight) of every row while there are at most EXACT_AUC_ROWS; None past them.
+    rows: list[tuple[int, np.ndarray, float]] | None = field(default_factory=list)
 
     def _grow(self, classes: int) -> None:
         have = self.confusion.shape[0]
@@ -222,6 +228,13 @@ class MulticlassStats:
         is_label = np.arange(classes) == label
         self.positives[is_label, buckets[is_label]] += weight
         self.negatives[~is_label, buckets[~is_label]] += weight
+        if self.rows is not None:
+            self.rows.append((label, probabilities.copy(), weight))  # not a view of the caller's batch
+            self._limit_rows()
+
+    def _limit_rows(self) -> None:
+        if self.rows is not None and len(self.rows) > EXACT_AUC_ROWS:
+            self.rows = None
 
     def merge(self, other: MulticlassStats) -> MulticlassStats:
         self._grow(other.confusion.shape[0])
@@ -231,10 +244,18 @@ class MulticlassStats:
         self.confusion[:n, :n] += other.confusion
         self.positives[:n] += other.positives
         self.negatives[:n] += other.negatives
+        if self.rows is None or other.rows is None:
+            self.rows = None
+        else:
+            self.rows.extend(other.rows)
+            self._limit_rows()
         return self
 
     def class_aucs(self) -> list[float]:
-        """One-vs-rest AUC per class from the histograms (NaN for a class without positives or negatives)."""
+        """One-vs-rest AUC per class, from the rows kept or else the histograms (NaN for a class without positives
+        or negatives)."""
+        if self.rows is not None:
+            return [self._exact_auc(class_id) for class_id in range(self.confusion.shape[0])]
         aucs = []
         for pos, neg in zip(self.positives, self.negatives, strict=True):
             if pos.sum() == 0 or neg.sum() == 0:
@@ -244,6 +265,16 @@ class MulticlassStats:
             wins = np.sum(pos * negatives_below) + 0.5 * np.sum(pos * neg)
             aucs.append(float(wins / (pos.sum() * neg.sum())))
         return aucs
+
+    def _exact_auc(self, class_id: int) -> float:
+        # A row predicted over fewer classes holds no score for this one, as in the histograms.
+        scored = [(label == class_id, p[class_id], w) for label, p, w in self.rows if p.size > class_id]
+        positive = np.array([row[0] for row in scored], dtype=bool)
+        weights = np.array([row[2] for row in scored], dtype=np.float64)
+        if not weights[positive].sum() or not weights[~positive].sum():
+            return float("nan")
+        scores = np.array([row[1] for row in scored], dtype=np.float64)
+        return float(roc_auc_score(positive, scores, sample_weight=weights))
 
     def metrics(self) -> dict[str, Any]:
         """accuracy, log_loss, macro_auc, and per-class precision and recall (lists, NaN where undefined)."""

@@ -90,6 +90,9 @@ def test_every_format_agrees_with_the_saved_model_on_the_task_metric(run):
         # The degradation runs the metric's way: lower AUC is worse, higher RMSE is worse.
         worse = rows[name].metrics[metric] - report.reference[metric]
         assert rows[name].check.value == pytest.approx(worse if kind == "regression" else -worse, abs=1e-9)
+    # The Evaluator's figure on the whole eval split is the one the export table gives the SavedModel on it.
+    assert report.eval_rows == summary.metrics["example_count"]
+    assert summary.metrics[metric] == pytest.approx(report.reference[metric], rel=1e-6)
     if kind == "multiclass":
         assert report.task.classes == ("setosa", "versicolor", "virginica")
         for folder in ("tflite", "onnx", "tfjs"):

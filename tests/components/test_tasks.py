@@ -325,7 +325,7 @@ def test_the_evaluators_merged_multiclass_sums_give_the_same_figures(multiclass_
     direct = task_metrics("multiclass", probabilities, labels)
     assert figures["accuracy"] == pytest.approx(direct["accuracy"])
     assert figures["log_loss"] == pytest.approx(direct["log_loss"], rel=1e-6)
-    assert figures["macro_auc"] == pytest.approx(direct["macro_auc"], abs=2e-3)  # score buckets of width 1/2000
+    assert figures["macro_auc"] == pytest.approx(direct["macro_auc"], rel=1e-12)
     predicted = probabilities.argmax(axis=1)
     assert figures["precision"] == pytest.approx(list(precision_score(labels, predicted, average=None)))
     assert figures["recall"] == pytest.approx(list(recall_score(labels, predicted, average=None)))
@@ -333,6 +333,32 @@ def test_the_evaluators_merged_multiclass_sums_give_the_same_figures(multiclass_
     assert merged["precision"] and len(merged["recall"]) == 3
     with pytest.raises(ValueError, match="outside the model's 3 classes"):
         whole.add(3, probabilities[0])
+
+
+def test_a_confident_models_auc_is_the_exporters_not_the_histograms(monkeypatch):
+    """Softmax outputs crowd into the end score buckets (0.99990 and 0.99999 share one): the Evaluator's macro AUC
+    must still be the exact figure the Exporter prints beside it, up to EXACT_AUC_ROWS rows."""
+    import components.tasks as tasks
+
+    generator = np.random.default_rng(3)
+    labels = generator.integers(0, 3, 60)
+    logits = generator.normal(0.0, 1.0, (60, 3))
+    logits[np.arange(60), labels] += 1.5
+    scaled = np.exp(12.0 * (logits - logits.max(axis=1, keepdims=True)))
+    probabilities = (scaled / scaled.sum(axis=1, keepdims=True)).astype(np.float32)  # as a model serves them
+    exact = task_metrics("multiclass", probabilities, labels)["macro_auc"]
+
+    def evaluated(rows_kept: int) -> float:
+        monkeypatch.setattr(tasks, "EXACT_AUC_ROWS", rows_kept)
+        first, second = MulticlassStats(), MulticlassStats()
+        for i in range(60):
+            (first if i < 25 else second).add(int(labels[i]), probabilities[i])
+        return first.merge(second).metrics()["macro_auc"]
+
+    assert evaluated(60) == pytest.approx(exact, rel=1e-12)
+    histogram = evaluated(59)
+    assert abs(histogram - exact) > 5e-3, "past EXACT_AUC_ROWS the histograms decide, and here they are coarse"
+    assert evaluated(24) == histogram, "one accumulator past the limit drops the rows of the merge too"
 
 
 def test_the_evaluators_merged_regression_sums_give_the_same_figures(regression_set):

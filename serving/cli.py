@@ -310,6 +310,14 @@ def read_rows_and_lines(json_rows: str | None, csv_path: str | None) -> tuple[li
     path = Path(csv_path)
     if not path.is_file():
         raise ValueError(f"CSV file {path} does not exist.")
+    try:
+        return _read_csv_rows(path)
+    except UnicodeDecodeError as e:
+        # As init and run say it (pipeline.data.check_csv_folder): the file's name and what to do.
+        raise ValueError(f"CSV file {path} cannot be read as UTF-8 CSV ({e}); re-export it as UTF-8 CSV.") from None
+
+
+def _read_csv_rows(path: Path) -> tuple[list[dict], list[int]]:
     rows, lines = [], []
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)

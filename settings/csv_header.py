@@ -57,12 +57,20 @@ class CsvHeader:
         return row[1:] if self.row_index else row
 
 
+# What a spreadsheet in a locale with the decimal comma, or a tab-separated export, separates cells with.
+OTHER_SEPARATORS = ((";", "semicolons"), ("\t", "tabs"), ("|", "'|'"))
+
+
 def parse_header(cells: list[str], where: str) -> CsvHeader:
     """The header of the file `where` from its first row's parsed cells; CsvHeaderError when it cannot name the
     columns."""
     names = [cell.strip() for cell in cells]
     if names:
         names[0] = names[0].lstrip(BYTE_ORDER_MARK).strip()
+    separator = next((name for mark, name in OTHER_SEPARATORS if len(names) == 1 and mark in names[0]), None)
+    if separator is not None:
+        raise CsvHeaderError(f"{where} is separated by {separator}, not commas (its header is one column, "
+                             f"{names[0][:60]!r}); save it as comma-separated CSV, with '.' as the decimal point.")
     row_index = len(names) > 1 and names[0] in ("", "Unnamed: 0")
     if row_index:
         names = names[1:]

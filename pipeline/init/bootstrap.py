@@ -80,6 +80,11 @@ SENTINEL_MIN_SHARE = 0.05
 # in an age column, 0 in a column of years), or below zero when none of them is (the -1, -99, -999 convention).
 # A spread, not the range, so a small count's top value (3 cars beside 0 to 2) stays a value.
 SENTINEL_MIN_GAP = 1.0
+# A number formatted for people, which a CSV reader (ExampleGen's, and every export format's) reads as text: a
+# currency sign or code, thousands separators in groups of three, a decimal comma, a percent sign, parentheses.
+_CURRENCY = r"(?:[$€£¥]|EUR|USD|GBP|CHF)"
+_DIGITS = r"(?:\d{1,3}(?P<sep>[,.'\u00a0 ])\d{3}(?:(?P=sep)\d{3})*(?:[.,]\d+)?|\d+,\d+|\d+(?:\.\d+)?)"
+FORMATTED_NUMBER = re.compile(rf"\(?[-+]?\s*{_CURRENCY}?\s*[-+]?{_DIGITS}\s*%?\s*{_CURRENCY}?\)?")
 # Date layouts init recognises: the regular expression of the date, the order of its fields and its separator
 # (day.month.year is day first; d/m/y against m/d/y is told apart by a field above 12).
 DATE_LAYOUTS = (
@@ -249,6 +254,25 @@ def propose_sentinel_markers(profiles: dict[str, ColumnProfile]) -> tuple[list[s
         notes.append(f"{head}: proposed as a missing-value marker, so that it is filled as a gap, not learned as a "
                      "value (remove it from data.missing_values if it is a real value)")
     return proposed, notes
+
+
+def check_number_formats(profiles: dict[str, ColumnProfile], markers: list[str]) -> None:
+    """Raises DataError naming each column whose values are numbers, some of them formatted for people, but for
+    junk cells as propose_junk_markers reads them: its cells would be read as strings (a vocabulary of amounts, or a
+    column left out), and the model would never see the numbers."""
+    found = []
+    for profile in profiles.values():
+        values = _values(profile, markers)
+        formatted = {v: n for v, n in values.items() if cell_type(v) == "string" and FORMATTED_NUMBER.fullmatch(v)}
+        numbers = sum(n for v, n in values.items() if cell_type(v) != "string") + sum(formatted.values())
+        if formatted and numbers >= MOSTLY_NUMERIC_SHARE * sum(values.values()):
+            cells = ", ".join(f"{v!r} (first at {profile.first_seen[v]})" if v in profile.first_seen else repr(v)
+                              for v, _ in Counter(formatted).most_common(2))
+            found.append(f"'{profile.name}' ({cells})")
+    if found:
+        raise DataError(f"column{'s' * (len(found) > 1)} {'; '.join(found)} hold{'s' * (len(found) == 1)} numbers "
+                        "formatted for people, which a CSV reader takes for text; re-export the file with plain "
+                        "numbers (no thousands separators, currency or percent signs; '.' as the decimal point).")
 
 
 def read_as_markers(profiles: dict[str, ColumnProfile], values: list[str]) -> None:
@@ -781,6 +805,7 @@ def init_project(data: str, label: str, output: str = ".", name: str = "", force
     read_as_markers(profiles, sentinels)
     markers, marker_notes = markers + junk + sentinels, marker_notes + junk_notes + sentinel_notes
     print(f"  data.missing_values: [{', '.join(_scalar(m) for m in markers)}]", file=out, flush=True)
+    check_number_formats(profiles, markers)
 
     # The task as the profile types the label (ExampleGen's own inference): init splits the rows as the run of its
     # config will, so the counts it prints are the run's, and a label with nothing to predict fails before TFX.

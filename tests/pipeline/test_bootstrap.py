@@ -12,12 +12,14 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2, statistics_pb2
 
 from pipeline import cli
-from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, profile_columns
+from pipeline.data import COMMON_MISSING_MARKERS, ColumnProfile, DataError, profile_columns
 from pipeline.init.bootstrap import (
+    FORMATTED_NUMBER,
     SENTINEL_MIN_GAP,
     SENTINEL_MIN_SHARE,
     _percent,
     blessing_bound,
+    check_number_formats,
     datetime_format,
     find_sentinel,
     finish_schema,
@@ -450,3 +452,50 @@ def test_features_are_optional_in_the_schema_so_a_request_gap_is_filled_as_train
     assert isinstance(spec["mass"], tf.io.VarLenFeature) and isinstance(spec["island"], tf.io.VarLenFeature)
     assert isinstance(spec["label"], tf.io.FixedLenFeature)
     assert all(f.presence.min_fraction == 1.0 for f in finished.feature), "the gate still wants every training value"
+
+
+@pytest.mark.parametrize("cell, formatted", [
+    ("1,677.25", True), ("4831,57", True), ("16%", True), ("$1,200", True), ("(1,200.00)", True),
+    ("1.234.567,89", True), ("12,5 €", True), ("EUR 12", True), ("1 234", True),
+    ("1.2.3", False), ("2024-03-01", False), ("12:30", False), ("A1", False), ("1,2,3", False), ("555 1234", False),
+    ("12,34,567", False)])
+def test_numbers_formatted_for_people_are_told_from_versions_dates_and_codes(cell, formatted):
+    assert bool(FORMATTED_NUMBER.fullmatch(cell)) is formatted
+
+
+def test_init_stops_on_numbers_formatted_for_people_naming_each_column_and_the_label_too(tmp_path, capsys):
+    """A finance export: thousands separators, percents, currency, and a label written the same way. Read as text,
+    they would be a vocabulary of amounts or a column left out, and the model would be blessed without them."""
+    data = tmp_path / "sales"
+    data.mkdir()
+    rows = ["revenue,margin,budget,promo,profit"] + [
+        f'"{1000 + 37 * i:,}.25",{10 + i % 30}%,"${500 + 100 * (i % 20):,}",{"TRUE" if i % 2 else "FALSE"},'
+        f'"{900 + 41 * i:,}.07"' for i in range(60)]
+    (data / "sales.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "project"
+    assert cli.main(["init", "--data", str(data), "--label", "profit", "--output", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: columns 'revenue' ('1,000.25' (first at ") and "sales.csv line 2)" in error
+    assert all(f"'{column}' (" in error for column in ("margin", "budget", "profit")) and "'promo'" not in error
+    assert error.endswith("hold numbers formatted for people, which a CSV reader takes for text; re-export the file "
+                          "with plain numbers (no thousands separators, currency or percent signs; '.' as the decimal "
+                          "point).")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("cells, stopped", [
+    (["12", "7.5"] * 4 + ["1,200"] + ["unknown"] * 2, True),  # 9 of 11 numbers: just over 80%
+    (["12", "7.5"] * 4 + ["1,200"] + ["unknown"] * 3, False),  # 9 of 12: junk cells decide (propose_junk_markers)
+    (["12", "7.5"] * 5 + ["NA"], False),  # plain numbers and a marker
+    (["v1.2.3", "1.2.3", "2.0.1"], False),  # versions are text
+])
+def test_a_column_is_stopped_when_numbers_formatted_for_people_fill_80_percent_with_the_plain_ones(cells, stopped):
+    profile = numeric_profile("amount", cells)
+    profile.types = Counter({("string" if not re.fullmatch(r"-?\d+(\.\d+)?", v) else "float"): n
+                             for v, n in profile.values.items()})
+    profile.markers = Counter({v: profile.values.pop(v) for v in list(profile.values) if v == "NA"})
+    if stopped:
+        with pytest.raises(DataError, match=r"^column 'amount' \('1,200'\) holds numbers formatted for people"):
+            check_number_formats({"amount": profile}, ["NA"])
+    else:
+        check_number_formats({"amount": profile}, ["NA"])

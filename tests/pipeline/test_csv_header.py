@@ -85,6 +85,39 @@ def test_predict_reads_the_same_names_from_the_users_file(tmp_path):
         read_rows_and_lines(None, str(path))
 
 
+# A spreadsheet in a German locale: semicolons between cells, decimal commas, a byte-order mark, CRLF.
+SEMICOLON_CSV = "\ufeffAlter;Einkommen;Stadt;gekauft\r\n47;4831,57;Köln;ja\r\n35;2950,10;Bonn;nein\r\n"
+
+
+@pytest.mark.parametrize("text, separator", [
+    (SEMICOLON_CSV, "semicolons"), ("a;b;c\r\n1;2;3\r\n", "semicolons"), ("a\tb\n1\t2\n", "tabs"),
+    ("a|b\n1|2\n", "'|'")])
+def test_a_file_separated_by_something_else_than_commas_is_named_so_by_init_run_and_predict(tmp_path, text,
+                                                                                           separator):
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "data.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    said = f"{path} is separated by {separator}, not commas"
+    with pytest.raises(DataError, match="save it as comma-separated CSV, with '.' as the decimal point.$") as caught:
+        check_csv_folder(tmp_path / "data")
+    assert said in str(caught.value)
+    with pytest.raises(ValueError, match=said):
+        read_rows_and_lines(None, str(path))
+
+
+def test_commas_with_a_semicolon_in_a_name_and_one_column_without_one_are_read_as_before():
+    assert parse_header(["a;b", "c"], "f.csv").columns == ("a;b", "c")
+    assert parse_header(["price"], "f.csv").names == ("price",)
+
+
+def test_predict_names_a_file_that_is_not_utf8_and_says_what_to_do(tmp_path):
+    path = tmp_path / "rows.csv"
+    path.write_bytes("risk,Catégorie\n0.2,café\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^CSV file {path} cannot be read as UTF-8 CSV \(.*\); re-export it as "
+                                         r"UTF-8 CSV\.$"):
+        read_rows_and_lines(None, str(path))
+
+
 @pytest.mark.parametrize("column, feature", [
     ("Island", "island"), ("bill length (mm)", "bill_length_mm"), ("Größe", "grosse"), ("2nd try", "c_2nd_try"),
     ("flipper.length-mm", "flipper_length_mm"), ("体重", "column_3"), ("body_mass_g", "body_mass_g")])

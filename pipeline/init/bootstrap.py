@@ -58,6 +58,10 @@ SPLITS = ("train", "eval")
 VOCAB_MAX_INTEGER_VALUES = 32
 # A string column with more distinct values than this and than half its rows is an identifier or free text.
 IDENTIFIER_MIN_VALUES = 50
+# An integer column is an identifier (a row number, a database key) when more than IDENTIFIER_MIN_VALUES rows each
+# hold a different value, evenly spaced (an auto-increment) or in a column named like a key: as a number it lets the
+# model memorise rows and answer a new record's larger key with what the last rows were.
+IDENTIFIER_NAME = re.compile(r"(?:^|_)(?:id|key|uuid|idx|index|rownum|row_number)$", re.IGNORECASE)
 # An integer label with at most this many distinct values holds class ids; more make it a quantity (regression).
 MAX_INTEGER_CLASSES = 20
 # More classes than this are no classification task a starter config should propose.
@@ -466,6 +470,11 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
             else:
                 placements.append(Placement(column, "vocab", described))
             continue
+        why = integer_identifier(column, values, present, profile.more_values) if schema_type == schema_pb2.INT else ""
+        if why:
+            placements.append(Placement(column, None, f"{described} in {present:,} rows, {why}: an identifier, "
+                                                      "which as a number lets the model memorise rows"))
+            continue
         if schema_type == schema_pb2.INT and not profile.more_values and len(values) <= VOCAB_MAX_INTEGER_VALUES:
             codes = [int(value) for value in values]
             if min(codes) >= 0 and max(codes) < 2 * len(codes):
@@ -481,13 +490,28 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
     return placements
 
 
-def finish_schema(schema: schema_pb2.Schema, label: str, dates: list[str] | None = None) -> schema_pb2.Schema:
-    """SchemaGen's schema with the environments of the curated taxi schema: the label is absent when serving. A date
-    column keeps no closed list of values: tomorrow's dates are not anomalies."""
+def integer_identifier(column: str, values: Counter, present: int, more_values: bool) -> str:
+    """Why an integer column is an identifier (IDENTIFIER_NAME), or "" when it is not: every row a different value,
+    evenly spaced or in a column named like a key (past the distinct values a profile counts, the name decides)."""
+    named = bool(IDENTIFIER_NAME.search(column))
+    if more_values:
+        return "more distinct values than init counts, named like a key" if named else ""
+    if len(values) <= IDENTIFIER_MIN_VALUES or len(values) < present:
+        return ""
+    if named:
+        return "each a different value, named like a key"
+    steps = {b - a for a, b in itertools.pairwise(sorted(int(v) for v in values))}
+    return f"each a different value, evenly spaced by {steps.pop()}" if len(steps) == 1 else ""
+
+
+def finish_schema(schema: schema_pb2.Schema, label: str, open_columns: list[str] | None = None) -> schema_pb2.Schema:
+    """SchemaGen's schema with the environments of the curated taxi schema: the label is absent when serving. The
+    `open_columns` keep no closed list of values: a date column (tomorrow's dates are not anomalies) and a column the
+    config leaves out (a new value there changes nothing the model sees, so it must not stop a run)."""
     finished = schema_pb2.Schema()
     finished.CopyFrom(schema)
     for feature in finished.feature:
-        if feature.name not in (dates or []):
+        if feature.name not in (open_columns or []):
             continue
         if feature.HasField("domain"):
             kept = [d for d in finished.string_domain if d.name != feature.domain]
@@ -854,7 +878,7 @@ def _choose_and_write(name: str, folder: Path, label: str, header: list[str], pr
     for placement in placements:
         print(f"  {groups[placement.group]:<10}  {placement.column:<{width}}  {placement.reason}", file=out)
 
-    schema = finish_schema(inferred, label, [p.column for p in placements if p.group == "datetime"])
+    schema = finish_schema(inferred, label, [p.column for p in placements if p.group in ("datetime", None)])
     anomalies = schema_anomalies(statistics, schema)
     if anomalies:
         raise RuntimeError("the schema mlops init made does not accept the data it came from: "

@@ -17,6 +17,7 @@ from pipeline.init.bootstrap import (
     FORMATTED_NUMBER,
     SENTINEL_MIN_GAP,
     SENTINEL_MIN_SHARE,
+    Placement,
     _percent,
     blessing_bound,
     check_number_formats,
@@ -111,11 +112,16 @@ def test_init_writes_a_schema_the_gate_accepts_on_the_same_data_and_a_config_tha
         # ExampleGen encodes a gap as an empty list: a minimum of one value would reject the data it came from.
         assert not features[name].HasField("shape") and features[name].value_count.min == 0, name
     assert list(features["bought"].not_in_environment) == ["SERVING"]
+    # A column the config leaves out keeps no closed list of values; a feature does.
+    assert not features["country"].HasField("domain") and features["city"].HasField("domain")
     page = (out / "houses_statistics.html").read_text()
     assert "<h2>Numbers</h2>" in page and "<td>income</td>" in page
     assert "Missing-value markers read as empty cells: &#x27;NA&#x27;, &#x27;?&#x27;" in page
 
-    # The pipeline's own gate (ExampleValidator + DataValidationGate) and Transform on the very same files.
+    # The pipeline's own gate (ExampleValidator + DataValidationGate) and Transform on the very same files, but for
+    # a country init never saw in the column it left out: nothing the model sees, so no anomaly.
+    csv_path = data / "houses.csv"
+    csv_path.write_text(csv_path.read_text().replace(",FR,", ",DE,", 20))
     overrides = [f"output_root={tmp_path / 'outputs'}", "beam.direct_running_mode=in_memory",
                  "transform.statistics=false"]
     assert cli.main(["run", "--data-only", "--config", str(config_path),
@@ -362,6 +368,7 @@ def test_a_date_column_keeps_no_closed_list_of_values_in_the_schema():
                                'string_domain { name: "city" value: "Oslo" }', schema_pb2.Schema())
     finished = finish_schema(schema, "label", ["day"])
     assert [d.name for d in finished.string_domain] == ["city"]
+    assert not finish_schema(schema, "label", ["day", "city"]).string_domain, "nor does a column left out"
     assert not finished.feature[0].HasField("domain") and finished.feature[1].domain == "city"
 
 
@@ -499,3 +506,31 @@ def test_a_column_is_stopped_when_numbers_formatted_for_people_fill_80_percent_w
             check_number_formats({"amount": profile}, ["NA"])
     else:
         check_number_formats({"amount": profile}, ["NA"])
+
+
+def _placed(column: str, cells: list[int], more_values: bool = False) -> Placement:
+    values = Counter(str(cell) for cell in cells)
+    profile = ColumnProfile(column, rows=len(cells), values=values, types=Counter(int=len(cells)),
+                            more_values=more_values)
+    (placement,) = place_features([column], "label", {column: profile}, [], {column: schema_pb2.INT},
+                                  statistics_pb2.DatasetFeatureStatistics())
+    return placement
+
+
+@pytest.mark.parametrize("column, cells, more_values, identifier", [
+    ("record", [100000 + 7 * i for i in range(51)], False, True),  # an auto-increment: 51 rows, one step
+    ("record", [100000 + 7 * i for i in range(50)], False, False),  # 50 rows: IDENTIFIER_MIN_VALUES
+    ("record", [i * i for i in range(51)], False, False),  # all different, uneven: a quantity
+    ("customer_id", [i * i for i in range(51)], False, True),  # named like a key
+    ("customer_id", [i * i for i in range(51)] + [4], False, False),  # one value twice: not a key
+    ("paid", [i * i for i in range(51)], False, False),  # ends in 'id', not named like a key
+    ("customer_id", list(range(1001)), True, True),  # more values than a profile counts: the name decides
+    ("record", list(range(1001)), True, False),
+])
+def test_an_integer_identifier_is_left_out_just_past_each_rule(column, cells, more_values, identifier):
+    placement = _placed(column, cells, more_values)
+    assert (placement.group is None) is identifier, placement
+    if identifier:
+        assert placement.reason.endswith(": an identifier, which as a number lets the model memorise rows")
+    if identifier and not more_values and column == "record":
+        assert "each a different value, evenly spaced by 7" in placement.reason

@@ -393,9 +393,13 @@ def prepare_csv_rows(rows: list[dict], lines: list[int], path: str, inputs: dict
             try:
                 convert_value(kept.get(name), spec.dtype, name)
             except InvalidInputError:
-                hint = (f"this version reads {', '.join(repr(m) for m in sorted(markers))} as missing"
-                        if markers else "no data.missing_values of this version were found (pass --repository "
-                                        "with the model repository to apply them)")
+                if markers:
+                    hint = f"this version reads {', '.join(repr(m) for m in sorted(markers))} as missing"
+                elif "missing_values" in request:
+                    hint = "this version reads only empty cells as missing: its data.missing_values list is empty"
+                else:
+                    hint = ("no data.missing_values of this version were found (pass --repository with the model "
+                            "repository to apply them)")
                 raise ValueError(f"{path} line {line} (row {index + 1}), column {name!r}: {kept[name]!r} is not a "
                                  f"{spec.dtype} value; fix the cell or leave it empty for missing ({hint}).") from None
         prepared.append(kept)

@@ -72,7 +72,10 @@ LONG_TAIL_RATIO = 5.0
 # String labels read as the positive answer of a yes/no question.
 # TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
 MIN_AUC = 0.6
-POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1")
+POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1",
+                  # German, Dutch, French, Spanish, Italian, Portuguese, Scandinavian and Slavic exports' yes and true.
+                  "ja", "j", "wahr", "waar", "oui", "vrai", "sí", "si", "verdadero", "vero", "sim", "verdadeiro",
+                  "sant", "tak", "da", "ano")
 # A column whose filled cells are at least this share numbers, the rest at most JUNK_MAX_VALUES distinct strings,
 # is a numeric column with junk cells: the strings are proposed as missing-value markers.
 MOSTLY_NUMERIC_SHARE = 0.8

@@ -177,6 +177,9 @@ def _profile(values: dict[str, int], empty: int = 0) -> ColumnProfile:
 @pytest.mark.parametrize("values, schema_type, kind, keys", [
     ({"yes": 5, "no": 9}, schema_pb2.BYTES, "binary", {"positive_value": "yes"}),
     ({"cat": 5, "dog": 2}, schema_pb2.BYTES, "binary", {"positive_value": "dog"}),
+    ({"ja": 9, "nein": 5}, schema_pb2.BYTES, "binary", {"positive_value": "ja"}),  # a German export: not the rarer
+    ({"Oui": 9, "Non": 5}, schema_pb2.BYTES, "binary", {"positive_value": "Oui"}),
+    ({"Sí": 9, "No": 5}, schema_pb2.BYTES, "binary", {"positive_value": "Sí"}),
     ({"0": 5, "1": 2}, schema_pb2.INT, "binary", {"threshold": 0.5}),
     ({"setosa": 5, "versicolor": 5, "virginica": 5}, schema_pb2.BYTES, "multiclass", {}),
     ({str(i): 3 for i in range(7)}, schema_pb2.INT, "multiclass", {}),

@@ -203,6 +203,16 @@ def test_predict_csv_on_a_training_file_applies_the_versions_markers_and_drops_i
     csv_file.write_text("fare,trip_start_hour,payment_type\n2.5,seven,Cash\n")
     assert mlops("predict", "--rest", server.rest_url, *flags) == 2
     assert f"error: {csv_file} line 2 (row 1), column 'trip_start_hour'" in capsys.readouterr().err
+    # A version whose record lists no markers says so; only a version without a record asks for --repository.
+    (Path(repository.version_dir(MODEL, 1)) / "publication.json").write_text(json.dumps(
+        {"request": {"missing_values": [], "label_columns": ["tips"]}}))
+    assert mlops("predict", "--rest", server.rest_url, *flags) == 2
+    assert capsys.readouterr().err.rstrip().endswith("(this version reads only empty cells as missing: its "
+                                                     "data.missing_values list is empty).")
+    (Path(repository.version_dir(MODEL, 1)) / "publication.json").write_text(json.dumps({}))
+    assert mlops("predict", "--rest", server.rest_url, *flags) == 2
+    assert capsys.readouterr().err.rstrip().endswith("(no data.missing_values of this version were found (pass "
+                                                     "--repository with the model repository to apply them)).")
 
 
 @pytest.mark.parametrize("transport", ["--rest", "--grpc"])

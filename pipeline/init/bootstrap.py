@@ -64,6 +64,10 @@ IDENTIFIER_MIN_VALUES = 50
 IDENTIFIER_NAME = re.compile(r"(?:^|_)(?:id|key|uuid|idx|index|rownum|row_number)$", re.IGNORECASE)
 # An integer label with at most this many distinct values holds class ids; more make it a quantity (regression).
 MAX_INTEGER_CLASSES = 20
+# A class with fewer rows than this is too rare to learn or measure: init warns.
+RARE_CLASS_ROWS = 10
+# A feature missing in at least this share of rows tells little once its gaps are filled: init warns.
+MOSTLY_MISSING_SHARE = 0.9
 # More classes than this are no classification task a starter config should propose.
 MAX_CLASSES = 100
 # A number whose farthest value lies more than this many times its 10-90% range beyond that range has a long tail:
@@ -347,14 +351,26 @@ def infer_label(profile: ColumnProfile, schema_type: int, markers: list[str]) ->
         if profile.more_values or len(values) > MAX_CLASSES:
             raise DataError(f"label column '{column}' holds {_distinct(profile, values)} distinct strings, too many "
                             f"classes (at most {MAX_CLASSES}); choose another --label.")
-        return LabelChoice("multiclass", {}, f"{described} ({_shares(values, total)}): multiclass{gaps}")
+        return LabelChoice("multiclass", {},
+                           f"{described} ({_shares(values, total)}): multiclass{gaps}{_rare_classes(values)}")
     if schema_type == schema_pb2.INT and len(values) <= MAX_INTEGER_CLASSES:
         return LabelChoice("multiclass", {},
                            f"{described}, at most {MAX_INTEGER_CLASSES} ({_shares(values, total)}): multiclass, one "
-                           f"class per integer (set label.kind: regression to predict it as a number){gaps}")
+                           f"class per integer (set label.kind: regression to predict it as a number){gaps}"
+                           f"{_rare_classes(values)}")
     numbers = [float(v) for v in values]
     return LabelChoice("regression", {},
                        f"{described} from {min(numbers):g} to {max(numbers):g}: regression{gaps}")
+
+
+def _rare_classes(values: Counter) -> str:
+    """A warning naming the classes with fewer than RARE_CLASS_ROWS rows, or ""."""
+    rare = [(v, n) for v, n in sorted(values.items(), key=lambda item: (item[1], item[0])) if n < RARE_CLASS_ROWS]
+    if not rare:
+        return ""
+    named = ", ".join(f"{v!r} {n} row{'s' * (n != 1)}" for v, n in rare)
+    return (f"; WARNING: too few rows to learn or measure class{'es' * (len(rare) > 1)} {named} (a model memorises "
+            "them, and the eval split may hold none): merge them into another class or leave their rows out")
 
 
 def _positive_value(values: Counter) -> tuple[str, str]:
@@ -461,6 +477,8 @@ def place_features(header: list[str], label: str, profiles: dict[str, ColumnProf
         missing = _missing(profile, markers)
         present = profile.rows - missing
         gaps = f", {_percent(missing / profile.rows)} missing" if missing else ""
+        if missing >= MOSTLY_MISSING_SHARE * profile.rows:
+            gaps += " (WARNING: so many gaps leave it little to tell; consider leaving it out)"
         described = f"{SCHEMA_TYPES[schema_type]}, {_distinct(profile, values)} distinct values{gaps}"
         recognised = datetime_format(column, values, schema_type)
         if recognised:

@@ -537,3 +537,26 @@ def test_an_integer_identifier_is_left_out_just_past_each_rule(column, cells, mo
         assert placement.reason.endswith(": an identifier, which as a number lets the model memorise rows")
     if identifier and not more_values and column == "record":
         assert "each a different value, evenly spaced by 7" in placement.reason
+
+
+@pytest.mark.parametrize("counts, warned", [
+    ({"gold": 40, "silver": 30, "platinum": 9}, "'platinum' 9 rows"),
+    ({"gold": 40, "silver": 30, "platinum": 10}, None),  # RARE_CLASS_ROWS
+    ({"gold": 40, "silver": 30, "platinum": 1, "iron": 3}, "classes 'platinum' 1 row, 'iron' 3 rows"),
+])
+def test_a_class_too_rare_to_learn_or_measure_is_warned_of_just_below_ten_rows(counts, warned):
+    reason = infer_label(_profile(counts), schema_pb2.BYTES, []).reason
+    assert ("WARNING: too few rows to learn or measure" in reason) is (warned is not None)
+    if warned:
+        assert f"{warned} (a model memorises them" in reason
+
+
+@pytest.mark.parametrize("missing, warned", [(90, True), (89, False)])
+def test_a_feature_missing_in_90_percent_of_rows_is_warned_of(missing, warned):
+    cells = [i * 1.5 for i in range(100 - missing)]
+    profile = ColumnProfile("score", rows=100, empty=missing, values=Counter(str(c) for c in cells),
+                            types=Counter(float=len(cells)))
+    (placement,) = place_features(["score"], "label", {"score": profile}, [], {"score": schema_pb2.FLOAT},
+                                  statistics_pb2.DatasetFeatureStatistics())
+    assert placement.group == "numeric"
+    assert ("WARNING: so many gaps leave it little to tell" in placement.reason) is warned

@@ -73,9 +73,9 @@ MAX_CLASSES = 100
 # A number whose farthest value lies more than this many times its 10-90% range beyond that range has a long tail:
 # quantile buckets keep the outliers from dominating a z-score.
 LONG_TAIL_RATIO = 5.0
-# String labels read as the positive answer of a yes/no question.
 # TFX blesses nothing without a threshold, and a first run has no baseline: init writes a bound the model must meet.
 MIN_AUC = 0.6
+# String labels read as the positive answer of a yes/no question.
 POSITIVE_WORDS = ("yes", "y", "true", "t", "positive", "pos", "1",
                   # German, Dutch, French, Spanish, Italian, Portuguese, Scandinavian and Slavic exports' yes and true.
                   "ja", "j", "wahr", "waar", "oui", "vrai", "sí", "si", "verdadero", "vero", "sim", "verdadeiro",

@@ -558,12 +558,19 @@ def describe_figures(figures: dict[str, Any]) -> str:
                      f"{golden['grpc_max_abs_diff']:.2e}")
     window = figures.get("window")
     if window and "requests" in window:
-        text = (f"window {window['seconds']}s ({window['source']}) {window['requests']:.0f} requests, error rate "
+        whose = "users'" if window.get("traffic") == "users" else "the verifier's"
+        text = (f"window {window['seconds']}s ({window['source']}, {whose} requests) {window['requests']:.0f} "
+                "requests, error rate "
                 f"{window['error_rate']:.4f}, p99 {window['p99_ms']:.1f} ms")
         stable = window.get("stable")
         if stable and "requests" in stable:
             text += (f"; stable {stable['requests']:.0f} requests, error rate {stable['error_rate']:.4f}, p99 "
                      f"{stable['p99_ms']:.1f} ms")
+        evidence = window.get("evidence")
+        if evidence:
+            text += (f"; users: the canary failed {evidence['canary_errors']} of {evidence['canary_requests']} "
+                     f"(needs {evidence['needed']}), stable {evidence['stable_errors']} of "
+                     f"{evidence['stable_requests']}")
         share = window.get("share") or {}
         if share.get("checked"):
             text += f"; canary share {share['observed']:.1%} of {share['user_requests']:.0f} user requests"

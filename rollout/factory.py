@@ -73,7 +73,9 @@ def build_controller(config: PipelineConfig, backend: Backend | None = None,
     backend = backend or build_backend(config)
     limits = Limits(rollout.max_abs_diff, rollout.max_error_rate, rollout.max_p99_ms, rollout.window_seconds,
                     rollout.window_requests_per_second, rollout.request_timeout_seconds,
-                    rollout.max_error_rate_increase, rollout.max_p99_ratio, rollout.share_tolerance_sigmas)
+                    rollout.max_error_rate_increase, rollout.max_p99_ratio, rollout.share_tolerance_sigmas,
+                    rollout.min_error_rate_regression, rollout.detection_power, rollout.false_rollback_rate,
+                    rollout.max_window_extensions, user_steps=len(rollout.steps))
 
     def verifier() -> Verifier:
         rows = load_golden_rows(rollout.golden_data, config.pipeline_root, rollout.golden_rows)

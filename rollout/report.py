@@ -78,6 +78,10 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _stable_errors(evidence: dict[str, Any] | None) -> str:
+    return f"{evidence['stable_errors']} of {evidence['stable_requests']}" if evidence else "-"
+
+
 def _number(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
 
@@ -308,7 +312,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
         out.append("<table><tr><th>step</th><th>canary traffic</th><th>canary servers</th><th>golden rows</th>"
                    "<th>max |diff| REST</th><th>max |diff| gRPC</th><th>REST vs gRPC</th><th>window</th>"
                    "<th>canary requests</th><th>of them the verifier's</th><th>user requests (both tracks)</th>"
-                   "<th>errors</th><th>error rate</th><th>p99 ms</th><th>verdict</th></tr>")
+                   "<th>errors</th><th>error rate</th><th>canary user requests needed</th><th>stable user errors</th>"
+                   "<th>p99 ms</th><th>verdict</th></tr>")
         for i, figures in enumerate(rows):
             golden, window = figures.get("golden") or {}, figures.get("window") or {}
             inconclusive = "; ".join(f["inconclusive"] for f in (window, figures.get("skew") or {})
@@ -322,7 +327,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
                      _number(golden.get("rest_grpc_max_abs_diff"), 6), window_text,
                      _number(window.get("requests"), 0), _number(window.get("verifier_requests"), 0),
                      _number((window.get("share") or {}).get("user_requests"), 0), _number(window.get("errors"), 0),
-                     _number(window.get("error_rate"), 4), _number(window.get("p99_ms"), 1)]
+                     _number(window.get("error_rate"), 4), (window.get("evidence") or {}).get("needed", "-"),
+                     _stable_errors(window.get("evidence")), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")
         out += _skew_tables(rows)

@@ -1,10 +1,11 @@
 """The checks before each traffic step: golden requests (eval rows) answered by the candidate over REST and gRPC must
-agree with the stable version on every row and output, and over a window the candidate's error rate and p99 latency
-must stay within absolute bounds and within bounds relative to stable's over the same window.
+agree with the stable version on every row and output; then a window of the users' requests, as the servers counted
+them, judges the canary's errors against stable's and against the limit by exact tests sized by evidence
+(rollout/evidence.py), and its p99 latency within absolute bounds and relative to stable's over the same window.
 
-A window decides only on figures it can trust. No request counted, a server missing from a scrape, a counter that went
-down, servers that counted fewer requests than the verifier had answered, or a canary share of the user traffic far
-from the step's weight make it inconclusive: never a pass (the controller retries, then rolls back or pauses)."""
+A window decides only on figures it can trust. A server missing from a scrape, a counter that went down, or a canary
+share of the user traffic far from the step's weight make it inconclusive, and so do fewer canary user requests than
+the step needs once its extensions ran out: never a pass (the controller retries, then rolls back or pauses)."""
 from __future__ import annotations
 
 import csv
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.backends import Backend, Endpoint
+from rollout.evidence import EvidenceRules, above_limit_p_value, canary_worse_p_value, min_canary_requests
 from rollout.metrics import MetricsError, Snapshot, window_figures
 from serving import TRAFFIC_HEADER, VERIFIER_TRAFFIC
 from settings.errors import UserError
@@ -91,6 +93,17 @@ class Limits:
     max_error_rate_increase: float = 0.005
     max_p99_ratio: float = 3.0
     share_tolerance_sigmas: float = 4.0
+    min_error_rate_regression: float = 0.05
+    detection_power: float = 0.95
+    false_rollback_rate: float = 0.01
+    max_window_extensions: int = 4
+    # Steps with user traffic in the rollout (rollout.steps): the false-rollback rate is shared among them.
+    user_steps: int = 1
+
+    def evidence_rules(self) -> EvidenceRules:
+        return EvidenceRules(self.max_error_rate, self.max_error_rate_increase, self.min_error_rate_regression,
+                             self.detection_power, self.false_rollback_rate, self.user_steps,
+                             1 + self.max_window_extensions)
 
 
 # Below this many user requests in a window the canary's share of them is not judged, nor stable's p99 used as a
@@ -100,6 +113,8 @@ MIN_SHARE_REQUESTS = 20
 # ((1 - weight)^n, n the user requests): the route sends it no users, whatever its other figures say.
 NO_TRAFFIC_CHANCE = 0.001
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
+# Not a verdict: the window so far holds too few of the canary's user requests to decide, and is watched longer.
+EXTEND = "extend"
 
 
 def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]]) -> tuple[float, str]:
@@ -242,78 +257,127 @@ class Verifier:
         return sent, latencies
 
     def window(self, candidate: int, weight: int) -> dict[str, Any]:
-        """The candidate watched for window_seconds at `weight`% of the traffic while the verifier sends it golden rows;
-        the figures are the servers' own (the backend's metrics source), else the verifier's requests."""
+        """The candidate watched at `weight`% of the traffic. With a metrics source the figures are the users' requests
+        the servers counted (the verifier sends none during the window; its golden requests came before it), judged
+        every window_seconds over the whole window so far until the evidence decides or max_window_extensions ran
+        out. Without one, and at 0% (no user reaches the canary), the verifier sends the canary golden rows for
+        window_seconds and judges its own figures."""
         metrics = self.backend.metrics
-        if metrics is None:
+        if metrics is None or weight == 0:
             sent, latencies = self._send(candidate)
             errors = sent - len(latencies)
-            figures: dict[str, Any] = {"source": "verifier", "requests": sent, "errors": errors,
-                                       "error_rate": errors / sent, "p99_ms": round(percentile_99(latencies), 3)}
-        else:
-            try:
-                before = metrics.snapshot(self.model)
-            except MetricsError as e:
-                return {"source": metrics.name, "seconds": self.limits.window_seconds, "verdict": INCONCLUSIVE,
-                        "inconclusive": str(e)}
-            sent, latencies = self._send(candidate)
+            figures: dict[str, Any] = {"source": "verifier", "traffic": "verifier", "requests": sent,
+                                       "errors": errors, "error_rate": errors / sent,
+                                       "p99_ms": round(percentile_99(latencies), 3),
+                                       "seconds": self.limits.window_seconds, "verifier_requests": sent}
+            return self._judge_verifier(figures)
+        try:
+            before = metrics.snapshot(self.model)
+        except MetricsError as e:
+            return {"source": metrics.name, "seconds": 0.0, "verdict": INCONCLUSIVE, "inconclusive": str(e)}
+        looks = 1 + self.limits.max_window_extensions
+        for look in range(1, looks + 1):
+            self.sleep(self.limits.window_seconds)
+            seconds = look * self.limits.window_seconds
             try:
                 after = metrics.snapshot(self.model, fresh_after=time.time())
             except MetricsError as e:
-                return {"source": metrics.name, "seconds": self.limits.window_seconds, "verdict": INCONCLUSIVE,
-                        "inconclusive": str(e)}
-            figures = self._measured(metrics.name, before, after, sent, len(latencies), weight)
-        figures["seconds"] = self.limits.window_seconds
-        figures["verifier_requests"] = sent
-        return self._judge(figures)
+                return {"source": metrics.name, "seconds": seconds, "verdict": INCONCLUSIVE, "inconclusive": str(e)}
+            figures = self._measured(metrics.name, before, after, weight)
+            figures.update(seconds=seconds, looks=look, verifier_requests=0)
+            figures = self._judge_users(figures, weight, last=look == looks)
+            if figures["verdict"] != EXTEND:
+                return figures
+            evidence = figures["evidence"]
+            self.log(f"window at {weight}% after {seconds:g}s: {evidence['canary_requests']} of the "
+                     f"{evidence['needed']} canary user requests the step needs; watching "
+                     f"{self.limits.window_seconds:g}s more")
+        raise AssertionError("the last look decides")  # pragma: no cover
 
-    def _measured(self, source: str, before: Snapshot, after: Snapshot, sent: int, answered: int,
-                  weight: int) -> dict[str, Any]:
+    def _measured(self, source: str, before: Snapshot, after: Snapshot, weight: int) -> dict[str, Any]:
         canary = window_figures(before, after, "canary")
         stable = window_figures(before, after, "stable")
-        figures: dict[str, Any] = {"source": source, **{k: canary[k] for k in ("requests", "errors", "error_rate",
-                                                                                 "p99_ms")},
+        figures: dict[str, Any] = {"source": source, "traffic": "users",
+                                   **{k: canary[k] for k in ("requests", "errors", "error_rate", "predictions",
+                                                             "p99_ms")},
                                    "stable": stable, **({"joined": canary["joined"]} if "joined" in canary else {})}
         reason = canary.get("inconclusive") or stable.get("inconclusive")
-        if reason is None and canary["predictions"] < answered:
-            reason = (f"the canary servers counted {canary['predictions']:.0f} predictions while the verifier had "
-                      f"{answered} answered: the metrics do not cover every canary server")
         if reason is not None:
             figures["inconclusive"] = reason
         else:
-            # Predictions and failed requests count toward the share (a canary that fails requests still got them);
-            # successful status and metadata reads (probes, the clients' own) do not.
-            figures["share"] = share_check(max(0.0, canary["predictions"] + canary["errors"] - sent),
+            # Predictions and failed requests are the users' requests (a canary that fails requests still got them);
+            # successful status and metadata reads (probes, the clients' own) are not.
+            figures["share"] = share_check(canary["predictions"] + canary["errors"],
                                            stable["predictions"] + stable["errors"], weight,
                                            self.limits.share_tolerance_sigmas)
         return figures
 
-    def _judge(self, figures: dict[str, Any]) -> dict[str, Any]:
+    def _judge_verifier(self, figures: dict[str, Any]) -> dict[str, Any]:
         limits = self.limits
-        stable = figures.get("stable")  # None for the verifier's own figures: nothing to compare with
-        if "inconclusive" in figures:
-            pass
-        elif figures["requests"] == 0:
-            figures["inconclusive"] = "the window counted no request to the candidate"
-        elif figures["error_rate"] > limits.max_error_rate:
+        if figures["error_rate"] > limits.max_error_rate:
             figures["error"] = (f"error rate {figures['error_rate']:.4f} > rollout.max_error_rate "
                                 f"{limits.max_error_rate}")
         elif figures["p99_ms"] > limits.max_p99_ms:
             figures["error"] = f"p99 latency {figures['p99_ms']:.1f} ms > rollout.max_p99_ms {limits.max_p99_ms}"
-        elif stable is not None and stable["requests"] > 0 and (
-                figures["error_rate"] - stable["error_rate"] > limits.max_error_rate_increase):
-            figures["error"] = (f"error rate {figures['error_rate']:.4f} against stable's {stable['error_rate']:.4f} "
-                                f"in the same window > rollout.max_error_rate_increase "
-                                f"{limits.max_error_rate_increase}")
-        elif (stable is not None and stable["predictions"] >= MIN_SHARE_REQUESTS
+        figures["verdict"] = FAILED if "error" in figures else PASSED
+        return figures
+
+    def _judge_users(self, figures: dict[str, Any], weight: int, last: bool) -> dict[str, Any]:
+        """The verdict on the users' requests of a window so far: failed on enough evidence of errors, extended while
+        the canary has fewer user requests than the step needs (inconclusive at the last look), then the latency
+        limits and the share."""
+        limits, rules = self.limits, self.limits.evidence_rules()
+        share = figures.get("share") or {}
+        if "inconclusive" in figures:
+            figures["verdict"] = INCONCLUSIVE
+            return figures
+        if share.get("error"):
+            figures["error"] = share["error"]
+            figures["verdict"] = FAILED
+            return figures
+        stable = figures["stable"]
+        n_c = int(round(figures["predictions"] + figures["errors"]))
+        k_c = int(round(figures["errors"]))
+        n_s = int(round(stable["predictions"] + stable["errors"]))
+        k_s = int(round(stable["errors"]))
+        stable_rate = k_s / n_s if n_s else 0.0
+        needed = min_canary_requests(weight, stable_rate, rules)
+        deciding = n_c >= needed or last
+        alpha = rules.alpha(deciding)
+        limit_p = above_limit_p_value(k_c, n_c, limits.max_error_rate)
+        stable_p = canary_worse_p_value(k_c, n_c, k_s, n_s) if n_s else 1.0
+        rise = (k_c / n_c if n_c else 0.0) - stable_rate
+        evidence = figures["evidence"] = {
+            "canary_requests": n_c, "canary_errors": k_c, "stable_requests": n_s, "stable_errors": k_s,
+            "needed": needed, "alpha": alpha, "limit_p": limit_p, "stable_p": stable_p}
+        if n_c and limit_p <= alpha:
+            figures["error"] = (f"the canary failed {k_c} of its {n_c} user requests ({k_c / n_c:.1%}): above "
+                                f"rollout.max_error_rate {limits.max_error_rate} (exact binomial test, p {limit_p:.1e} "
+                                f"<= {alpha:.1e})")
+        elif n_c and n_s and rise > limits.max_error_rate_increase and stable_p <= alpha:
+            figures["error"] = (f"the canary failed {k_c} of its {n_c} user requests ({k_c / n_c:.1%}) against "
+                                f"stable's {k_s} of {n_s} ({stable_rate:.1%}) in the same window: more than "
+                                f"rollout.max_error_rate_increase {limits.max_error_rate_increase} above it (Fisher's "
+                                f"exact test, p {stable_p:.1e} <= {alpha:.1e})")
+        elif n_c < needed and not last:
+            figures["verdict"] = EXTEND
+            return figures
+        elif n_c < needed:
+            figures["inconclusive"] = (
+                f"the canary got {n_c} user requests at {weight}% in {figures['seconds']:g}s, fewer than the {needed} "
+                f"a step needs to catch a rise of {rules.min_error_rate_regression} in its error rate with "
+                f"probability {rules.detection_power} (rollout.min_error_rate_regression): send more traffic, or "
+                "lengthen rollout.window_seconds or rollout.max_window_extensions")
+        elif figures["p99_ms"] > limits.max_p99_ms:
+            figures["error"] = f"p99 latency {figures['p99_ms']:.1f} ms > rollout.max_p99_ms {limits.max_p99_ms}"
+        elif (stable["predictions"] >= MIN_SHARE_REQUESTS
               and figures["p99_ms"] > limits.max_p99_ratio * stable["p99_ms"]):
             figures["error"] = (f"p99 latency {figures['p99_ms']:.1f} ms against stable's {stable['p99_ms']:.1f} ms "
                                 f"in the same window > rollout.max_p99_ratio {limits.max_p99_ratio}x")
-        elif (figures.get("share") or {}).get("error"):
-            figures["error"] = figures["share"]["error"]
-        elif (figures.get("share") or {}).get("inconclusive"):
+        elif share.get("inconclusive"):
             # Judged after the limits: a canary failing its limits fails, whatever share of the traffic it got.
-            figures["inconclusive"] = figures["share"]["inconclusive"]
+            figures["inconclusive"] = share["inconclusive"]
+        evidence["decided_at_look"] = figures["looks"]
         figures["verdict"] = INCONCLUSIVE if "inconclusive" in figures else FAILED if "error" in figures else PASSED
         return figures
 

@@ -553,11 +553,15 @@ class RolloutConfig:
     golden_rows: int = 64
     # ... whose candidate probabilities, over REST and gRPC, must stay this close to the stable version's.
     max_abs_diff: float = 0.001
-    # Each step watches the candidate for this long: error rate and p99 latency must stay within the bounds.
+    # Each step watches the users' requests for this long, then judges them; a window with too few canary requests
+    # to decide is watched this much longer again, up to max_window_extensions times.
     window_seconds: float = 30.0
-    # The verifier's own requests during a window (bounded: at most this many per second).
+    # ... after which a window still short of the canary user requests its step needs is inconclusive, never passed.
+    max_window_extensions: int = 4
+    # Without a metrics source (rollout.prometheus.url, or the stack of `mlops deploy local`) the window is the
+    # verifier's own requests to the canary, at most this many per second.
     window_requests_per_second: float = 20.0
-    # The canary's largest error rate in a window (errors over requests) ...
+    # The canary's largest error rate over its user requests: failed when an exact binomial test finds it above.
     max_error_rate: float = 0.01
     # ... and its largest 99th-percentile latency, in milliseconds.
     max_p99_ms: float = 250.0
@@ -567,6 +571,15 @@ class RolloutConfig:
     max_error_rate_increase: float = 0.005
     # ... and its p99 at most this many times stable's.
     max_p99_ratio: float = 3.0
+    # The smallest rise of the canary's user error rate over stable's worth catching: a step passes only with enough
+    # canary user requests to catch it (failing 5% of requests more than stable) with probability detection_power;
+    # docs/concepts/rollout.md lists the requests that takes at each step.
+    min_error_rate_regression: float = 0.05
+    # ... that probability.
+    detection_power: float = 0.95
+    # The chance that a healthy canary (failing as often as stable, within max_error_rate) is rolled back on its error
+    # rate over a whole rollout; the exact tests' significance is shared out from it (rollout/evidence.py).
+    false_rollback_rate: float = 0.01
     # A window whose figures cannot be trusted (no data, a partial scrape, a counter reset, a canary share of the
     # traffic further than this many binomial standard deviations from the step's weight) is inconclusive, never a
     # pass; after this many in a row the rollout rolls back, or pauses with its state saying why.
@@ -1363,6 +1376,15 @@ def _validate_rollout(rollout: RolloutConfig) -> None:
                 "window_requests_per_second", "max_p99_ratio", "share_tolerance_sigmas", "lease_duration_seconds"):
         if getattr(rollout, key) <= 0:
             raise ConfigError(f"rollout.{key} must be positive.")
+    for key in ("min_error_rate_regression", "detection_power", "false_rollback_rate"):
+        if not 0 < getattr(rollout, key) < 1:
+            raise ConfigError(f"rollout.{key} must be between 0 and 1; got {getattr(rollout, key)}.")
+    if rollout.min_error_rate_regression <= rollout.max_error_rate_increase:
+        raise ConfigError(f"rollout.min_error_rate_regression ({rollout.min_error_rate_regression}) must be above "
+                          f"rollout.max_error_rate_increase ({rollout.max_error_rate_increase}), the rise a canary is "
+                          "allowed: no number of requests catches a smaller one.")
+    if rollout.max_window_extensions < 0:
+        raise ConfigError("rollout.max_window_extensions must be 0 or more.")
     for key in ("max_inconclusive_windows", "history_limit", "skew_min_requests"):
         if getattr(rollout, key) < 1:
             raise ConfigError(f"rollout.{key} must be at least 1.")

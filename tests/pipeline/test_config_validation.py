@@ -359,3 +359,23 @@ def test_the_monitors_folders_default_below_output_root():
     assert (config.request_log_dir, config.monitoring_dir) == ("/data/request_logs", "/data/monitoring")
     config = load_config(None, ["serving.request_log.directory=gs://logs", "monitoring.output_dir=/reports"])
     assert (config.request_log_dir, config.monitoring_dir) == ("gs://logs", "/reports")
+
+
+@pytest.mark.parametrize("key", ["min_error_rate_regression", "detection_power", "false_rollback_rate"])
+def test_the_rollouts_evidence_settings_are_probabilities(key):
+    assert getattr(load_config(None, [f"rollout.{key}=0.999"]).rollout, key) == 0.999
+    assert getattr(load_config(None, [f"rollout.{key}=0.006"]).rollout, key) == 0.006
+    for value, shown in (("0", "0.0"), ("1", "1.0"), (".nan", "nan")):
+        assert refusal(f"rollout.{key}={value}") == f"rollout.{key} must be between 0 and 1; got {shown}."
+
+
+def test_the_smallest_regression_worth_catching_must_be_above_the_rise_allowed():
+    assert load_config(None, ["rollout.min_error_rate_regression=0.0051"]).rollout.min_error_rate_regression == 0.0051
+    assert refusal("rollout.min_error_rate_regression=0.005") == (
+        "rollout.min_error_rate_regression (0.005) must be above rollout.max_error_rate_increase (0.005), the rise a "
+        "canary is allowed: no number of requests catches a smaller one.")
+
+
+def test_a_window_may_be_extended_zero_times_and_no_fewer():
+    assert load_config(None, ["rollout.max_window_extensions=0"]).rollout.max_window_extensions == 0
+    assert refusal("rollout.max_window_extensions=-1") == "rollout.max_window_extensions must be 0 or more."

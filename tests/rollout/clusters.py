@@ -282,6 +282,9 @@ class ServingCluster(BaseCluster):
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
             f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=1",
+            # Catching a canary failing 30% more than stable, not 5%: 24 canary requests a step, not ~300 (the gate's
+            # power at the defaults is tests/rollout/test_evidence.py's subject).
+            "rollout.min_error_rate_regression=0.3",
             f"rollout.prometheus.url={self.prometheus_url}", f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}",
             "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",  # real latencies on a shared machine
             f"rollout.kubernetes.stable_rest=['{s.rest_url}']", f"rollout.kubernetes.stable_grpc=['{s.grpc_target}']",

@@ -41,7 +41,9 @@ def test_a_rollout_through_the_api_retries_conflicts_and_promotes(cluster):
     assert cluster.fake.conflicts_sent == 4
     assert cluster.refused == [], "every label moved only to a version already AVAILABLE"
     windows = [e["figures"]["window"] for e in record["events"] if "figures" in e]
-    assert len(windows) >= 3 and {w["source"] for w in windows} == {"prometheus"}
+    # At 0% no user reaches the canary: that window is the verifier's own; every other is the users', from Prometheus.
+    assert len(windows) >= 3 and [(w["source"], w["traffic"]) for w in windows][0] == ("verifier", "verifier")
+    assert {(w["source"], w["traffic"]) for w in windows[1:]} == {("prometheus", "users")}
     assert all(w["requests"] > 0 and w["error_rate"] == 0 and 0 < w["p99_ms"] <= 2000 for w in windows), windows
     assert not [p for p in cluster.proxied if p.startswith("monitoring")], "no metrics through the pod proxy"
     assert cluster.gateway.failed == [] and cluster.gateway.sent["canary"] > 0, "user traffic followed the routes"
@@ -64,8 +66,9 @@ def test_canary_errors_in_the_prometheus_metrics_roll_back(cluster):
     record = controller.start(2)
     print("\n".join(lines))
     # One in five of the user requests the route gave the canary failed: at the 50% step its error rate is far over.
-    assert record["outcome"] == "rolled_back" and "verification at 50% failed: error rate" in record["reason"], (
-        record["reason"])
+    assert record["outcome"] == "rolled_back" and record["reason"].startswith(
+        "verification at 50% failed: the canary failed "), record["reason"]
+    assert "user requests" in record["reason"] and "above rollout.max_error_rate 0.01" in record["reason"]
     assert cluster.models_config("stable") == ([1], {"stable": 1})
     assert cluster.models_config("canary") == ([1], {"canary": 1})
     assert cluster.weights() == ALL_ON_STABLE

@@ -159,6 +159,9 @@ def overrides(fleet, *extra: str) -> list[str]:
             # Latency is the gate's tests' subject (tests/rollout/test_verify_gate.py); here, on a shared machine, a few
             # milliseconds of p99 either way are noise, so only a canary gone very slow would fail.
             "rollout.window_requests_per_second=20", "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",
+            # Catching a canary failing 30% more than stable, not 5%: 24 canary requests a step, not ~150 (the gate's
+            # power at the defaults is tests/rollout/test_evidence.py's subject).
+            "rollout.min_error_rate_regression=0.3",
             "rollout.load_timeout_seconds=60",
             "rollout.keep_previous_seconds=1", "rollout.poll_seconds=0.05",
             f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}", *extra]
@@ -202,10 +205,12 @@ def assert_exact_windows(backend, record) -> None:
         assert snapshot.missing == {}
         assert snapshot.counters == direct, "Prometheus's figures are the servers' own"
     windows = [e["figures"]["window"] for e in record["events"] if (e.get("figures") or {}).get("window")]
+    # A window runs from its first snapshot to the look that decided it.
     deltas = [window_figures(Snapshot(a[1]), Snapshot(b[1]), "canary")["requests"]
-              for a, b in zip(checks, checks[1:], strict=False)]
-    for window in windows:
-        assert window.get("source") == "prometheus"
+              for i, a in enumerate(checks) for b in checks[i + 1:]]
+    assert windows[0]["source"] == "verifier", "at 0% no user reaches the canary: the verifier's own window"
+    for window in windows[1:]:
+        assert (window.get("source"), window.get("traffic")) == ("prometheus", "users")
         if "requests" in window:
             assert window["requests"] in deltas, (window, deltas)
 
@@ -245,7 +250,8 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
 def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(stack):
     record, results, backend = rollout_with_traffic(stack, 3)
     assert record["outcome"] == "rolled_back"
-    assert "error rate" in record["reason"], record["reason"]
+    assert record["reason"].startswith("verification at 10% failed: the canary failed "), record["reason"]
+    assert "above rollout.max_error_rate 0.01 (exact binomial test" in record["reason"]
     failures = [r for r in results if r[4]]
     print(f"{len(results)} requests through the router, {len(failures)} failed; first: "
           f"{failures[0][4] if failures else '-'}")

@@ -1,0 +1,129 @@
+"""The exact tests the canary's errors are judged by, checked against SciPy's; the fewest requests a step needs, just
+inside and just outside the power it promises; and the whole gate simulated over thousands of windows of users'
+traffic, through Verifier.window on scripted snapshots: how often it catches a canary failing 5% of its users at the
+first step, and how often it rolls back a healthy one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from rollout.evidence import (
+    EvidenceRules,
+    above_limit_p_value,
+    binomial_upper_tail,
+    canary_worse_p_value,
+    detection_probability,
+    min_canary_requests,
+)
+from rollout.metrics import ModelCounters, Snapshot
+from rollout.verify import Limits, Verifier
+from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedMetrics
+
+# The defaults (settings/config.py RolloutConfig) with rollout.steps [10, 50, 100].
+DEFAULTS = Limits(max_abs_diff=0.001, max_error_rate=0.01, max_p99_ms=250.0, window_seconds=30.0,
+                  requests_per_second=20.0, timeout_s=5.0, user_steps=3)
+RULES = DEFAULTS.evidence_rules()
+
+
+@pytest.mark.parametrize("k, n, p", [(0, 10, 0.1), (1, 10, 0.1), (3, 153, 0.05), (12, 153, 0.05), (5, 1000, 0.01),
+                                     (40, 1000, 0.01), (1, 1, 0.5), (7, 7, 0.3), (8, 7, 0.3)])
+def test_the_binomial_tail_is_scipys(k, n, p):
+    assert binomial_upper_tail(k, n, p) == pytest.approx(stats.binom.sf(k - 1, n, p), rel=1e-9, abs=1e-300)
+    assert above_limit_p_value(k, n, p) == binomial_upper_tail(k, n, p)
+
+
+@pytest.mark.parametrize("k_c, n_c, k_s, n_s", [(1, 10, 0, 90), (3, 153, 0, 1377), (3, 153, 2, 1377),
+                                                  (12, 336, 2, 336), (0, 100, 5, 100), (5, 5, 0, 5),
+                                                  (40, 1000, 30, 1000), (2, 50, 40, 60)])
+def test_the_canary_against_stable_is_fishers_exact_test_one_sided(k_c, n_c, k_s, n_s):
+    _, expected = stats.fisher_exact([[k_c, n_c - k_c], [k_s, n_s - k_s]], alternative="greater")
+    assert canary_worse_p_value(k_c, n_c, k_s, n_s) == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+def test_no_canary_request_or_no_canary_error_is_no_evidence():
+    assert canary_worse_p_value(0, 0, 0, 100) == 1.0
+    assert canary_worse_p_value(0, 100, 0, 100) == 1.0
+    assert above_limit_p_value(0, 0, 0.01) == 1.0
+
+
+def test_the_significance_is_shared_out_over_steps_tests_and_looks():
+    # 0.01 over 3 steps, 2 tests, then half to the deciding look and half over the 4 earlier ones.
+    assert RULES.alpha(deciding=True) == pytest.approx(0.01 / 3 / 2 / 2)
+    assert RULES.alpha(deciding=False) == pytest.approx(0.01 / 3 / 2 / 2 / 4)
+    one_look = EvidenceRules(0.01, 0.005, 0.05, 0.95, 0.01, 1, 1)
+    assert one_look.alpha(deciding=False) == one_look.alpha(deciding=True) == pytest.approx(0.0025)
+
+
+@pytest.mark.parametrize("weight, stable_rate", [(10, 0.0), (10, 0.001), (50, 0.0), (50, 0.005), (100, 0.0),
+                                                 (1, 0.0)])
+def test_the_requests_a_step_needs_give_the_power_asked_and_one_fewer_does_not(weight, stable_rate):
+    needed = min_canary_requests(weight, stable_rate, RULES)
+    assert detection_probability(needed, weight, stable_rate, RULES) >= 0.95
+    assert detection_probability(needed - 1, weight, stable_rate, RULES) < 0.95
+
+
+def test_the_defaults_need_these_canary_requests_per_step():
+    # docs/concepts/rollout.md quotes this table.
+    needed = {w: min_canary_requests(w, 0.001, RULES) for w in (10, 50, 100)}
+    assert needed == {10: 150, 50: 330, 100: 259}
+
+
+def test_stables_rate_is_rounded_up_to_two_digits_so_that_close_windows_share_the_figure():
+    assert min_canary_requests(10, 0.00123, RULES) == min_canary_requests(10, 0.0013, RULES)
+    assert min_canary_requests(10, 0.0013, RULES) != min_canary_requests(10, 0.0012, RULES)
+
+
+def _counters(ok: int, errors: int) -> ModelCounters:
+    return ModelCounters({"OK": float(ok), "INTERNAL": float(errors)}, {1000.0: float(ok), float("inf"): float(ok)})
+
+
+def simulate_step(rng: np.random.Generator, weight: int, users_per_window: int, canary_rate: float,
+                  stable_rate: float, limits: Limits = DEFAULTS) -> dict:
+    """One step of the real gate: users_per_window requests a window, each sent to the canary with the step's weight
+    and failed at its track's rate; the verifier looks once per window."""
+    looks = 1 + limits.max_window_extensions
+    tracks = {"canary": [0, 0], "stable": [0, 0]}
+    snapshots = [Snapshot({"canary": {"c": _counters(0, 0)}, "stable": {"s": _counters(0, 0)}})]
+    for _ in range(looks):
+        canary = rng.binomial(users_per_window, weight / 100)
+        for track, n, rate in (("canary", canary, canary_rate), ("stable", users_per_window - canary, stable_rate)):
+            errors = rng.binomial(n, rate)
+            tracks[track][0] += n - errors
+            tracks[track][1] += errors
+        snapshots.append(Snapshot({t: {t[0]: _counters(*tracks[t])} for t in tracks}))
+    # The state store is never touched by a window.
+    backend = MemoryBackend(HookedStore("unused"), metrics=ScriptedMetrics(*snapshots))
+    verifier = Verifier(backend, MODEL, [], limits, log=lambda _: None, sleep=lambda _: None)
+    return verifier.window(2, weight)
+
+
+def test_a_canary_failing_5_percent_of_its_users_is_caught_at_the_first_step_in_95_percent_of_windows():
+    """The issue's traffic: about 400 user requests a 30 s window; stable fails 0.1% of them, the canary 5.1%."""
+    rng = np.random.default_rng(20261205)
+    verdicts = [simulate_step(rng, 10, 400, 0.051, 0.001)["verdict"] for _ in range(2000)]
+    caught = verdicts.count("failed") / len(verdicts)
+    print(f"caught at the 10% step: {caught:.2%}; {verdicts.count('inconclusive')} inconclusive")
+    assert caught >= 0.95
+    assert verdicts.count("passed") / len(verdicts) <= 0.05
+
+
+@pytest.mark.parametrize("stable_rate", [0.0, 0.001, 0.005, 0.01])
+def test_a_healthy_canary_is_rolled_back_by_its_errors_in_at_most_1_percent_of_rollouts(stable_rate):
+    rng = np.random.default_rng(7)
+    rollouts, rolled_back, inconclusive = 1000, 0, 0
+    for _ in range(rollouts):
+        steps = [simulate_step(rng, weight, 600, stable_rate, stable_rate) for weight in (10, 50, 100)]
+        rolled_back += any(s["verdict"] == "failed" for s in steps)
+        # Retried by the controller: a share far off by chance, or (at 1%) a few requests short of what a step needs.
+        inconclusive += sum(s["verdict"] == "inconclusive" for s in steps)
+    print(f"healthy canary at {stable_rate:.1%}: {rolled_back} of {rollouts} rollouts rolled back, {inconclusive} "
+          f"of {3 * rollouts} steps inconclusive")
+    assert rolled_back / rollouts <= 0.01
+    assert inconclusive / (3 * rollouts) <= 0.005
+
+
+def test_a_canary_at_a_step_with_too_few_users_is_never_passed():
+    rng = np.random.default_rng(3)
+    verdicts = {simulate_step(rng, 10, 20, 0.0, 0.0)["verdict"] for _ in range(50)}
+    assert verdicts == {"inconclusive"}

@@ -53,13 +53,12 @@ def binomial_pmf(k: int, n: int, p: float) -> float:
 def _tail(pmf, k: int, low: int, high: int, mode: float) -> float:
     """P(X >= k) for X on [low, high] with a unimodal `pmf`: the side of k away from the mode is summed outward (its
     terms fall, so the sum stops once they no longer change it), the other as its complement."""
-    if k <= low:
-        return 1.0
     if k > high:
         return 0.0
     if k > mode:
-        return min(1.0, _falling_sum(pmf(x) for x in range(k, high + 1)))
-    return max(0.0, 1.0 - _falling_sum(pmf(x) for x in range(k - 1, low - 1, -1)))
+        return _falling_sum(pmf(x) for x in range(k, high + 1))
+    # Nothing below low: P(X >= k) is 1 for every k up to it.
+    return 1.0 - _falling_sum(pmf(x) for x in range(k - 1, low - 1, -1))
 
 
 def _falling_sum(terms) -> float:
@@ -80,10 +79,10 @@ def canary_worse_p_value(canary_errors: int, canary_requests: int, stable_errors
     """Fisher's exact test, one-sided: the chance, with both tracks failing at one rate, that the canary holds at
     least `canary_errors` of the window's errors given how many requests each track got (hypergeometric upper
     tail)."""
+    if canary_requests == 0:
+        return 1.0
     errors = canary_errors + stable_errors
     population = canary_requests + stable_requests
-    if canary_errors <= 0 or population == 0:
-        return 1.0
     denominator = _log_choose(population, canary_requests)
 
     def pmf(x: int) -> float:
@@ -103,9 +102,10 @@ def _fails(errors: int, canary_requests: int, stable_errors: int, stable_request
            alpha: float) -> bool:
     if above_limit_p_value(errors, canary_requests, rules.max_error_rate) <= alpha:
         return True
-    rise = errors / canary_requests - (stable_errors / stable_requests if stable_requests else 0.0)
-    return bool(stable_requests and rise > rules.max_error_rate_increase
-                and canary_worse_p_value(errors, canary_requests, stable_errors, stable_requests) <= alpha)
+    if not stable_requests:
+        return False
+    return (errors / canary_requests - stable_errors / stable_requests > rules.max_error_rate_increase
+            and canary_worse_p_value(errors, canary_requests, stable_errors, stable_requests) <= alpha)
 
 
 def _critical_canary_errors(canary_requests: int, stable_errors: int, stable_requests: int, rules: EvidenceRules,
@@ -127,14 +127,11 @@ def detection_probability(canary_requests: int, weight: int, stable_error_rate: 
     `canary_requests` canary requests and the step's share of stable ones failing at `stable_error_rate` (at 100%,
     stable has none: the limit's test alone, against a canary failing at max_error_rate plus the regression). Stable's
     errors are taken at their expected count; the simulation in tests/rollout/test_evidence.py draws them."""
-    alpha = rules.alpha(deciding=True)
     stable_requests = round(canary_requests * (100 - weight) / weight)
-    if stable_requests == 0:
-        bad = min(1.0, rules.max_error_rate + rules.min_error_rate_regression)
-        return binomial_upper_tail(_critical_canary_errors(canary_requests, 0, 0, rules, alpha), canary_requests, bad)
-    bad = min(1.0, stable_error_rate + rules.min_error_rate_regression)
     stable_errors = round(stable_requests * stable_error_rate)
-    critical = _critical_canary_errors(canary_requests, stable_errors, stable_requests, rules, alpha)
+    bad = (stable_error_rate if stable_requests else rules.max_error_rate) + rules.min_error_rate_regression
+    critical = _critical_canary_errors(canary_requests, stable_errors, stable_requests, rules,
+                                       rules.alpha(deciding=True))
     return binomial_upper_tail(critical, canary_requests, bad)
 
 
@@ -159,7 +156,8 @@ def min_canary_requests(weight: int, stable_error_rate: float, rules: EvidenceRu
     """The fewest canary user requests at which a step at `weight`% catches a canary failing
     min_error_rate_regression more often than stable with probability detection_power (stable's rate rounded up to
     two significant digits, so that close windows share the figure)."""
-    rounded = 0.0 if stable_error_rate <= 0 else float(f"{stable_error_rate:.1e}")
-    if rounded < stable_error_rate:
-        rounded = float(f"{stable_error_rate + 10 ** (math.floor(math.log10(stable_error_rate)) - 1):.1e}")
-    return _min_requests(weight, min(rounded, 1.0), rules)
+    if stable_error_rate <= 0:
+        return _min_requests(weight, 0.0, rules)
+    unit = 10.0 ** (math.floor(math.log10(stable_error_rate)) - 1)
+    # Rounded before the ceiling, so that a rate already on two digits (0.0013 / 0.0001 = 12.999...) stays as it is.
+    return _min_requests(weight, round(math.ceil(round(stable_error_rate / unit, 9)) * unit, 12), rules)

@@ -11,6 +11,7 @@ from scipy import stats
 from rollout.evidence import (
     EvidenceRules,
     above_limit_p_value,
+    binomial_pmf,
     binomial_upper_tail,
     canary_worse_p_value,
     detection_probability,
@@ -41,10 +42,68 @@ def test_the_canary_against_stable_is_fishers_exact_test_one_sided(k_c, n_c, k_s
     assert canary_worse_p_value(k_c, n_c, k_s, n_s) == pytest.approx(expected, rel=1e-9, abs=1e-300)
 
 
+@pytest.mark.parametrize("k_c, n_c, k_s, n_s", [(8, 10, 9, 10), (10, 10, 9, 10), (7, 10, 9, 10), (1, 1, 0, 9)])
+def test_fishers_test_holds_where_the_errors_outnumber_stables_requests(k_c, n_c, k_s, n_s):
+    # The canary then holds at least n_c - (population - errors) of the errors whatever the split.
+    _, expected = stats.fisher_exact([[k_c, n_c - k_c], [k_s, n_s - k_s]], alternative="greater")
+    assert canary_worse_p_value(k_c, n_c, k_s, n_s) == pytest.approx(expected, rel=1e-9)
+
+
 def test_no_canary_request_or_no_canary_error_is_no_evidence():
     assert canary_worse_p_value(0, 0, 0, 100) == 1.0
+    assert canary_worse_p_value(0, 0, 0, 0) == 1.0
     assert canary_worse_p_value(0, 100, 0, 100) == 1.0
+    assert canary_worse_p_value(0, 100, 5, 100) == 1.0
     assert above_limit_p_value(0, 0, 0.01) == 1.0
+
+
+@pytest.mark.parametrize("k, n, p", [(0, 5, 0.0), (1, 5, 0.0), (5, 5, 1.0), (4, 5, 1.0), (0, 5, 1.0), (2, 9, 0.3)])
+def test_the_binomial_pmf_is_scipys_at_the_edges_of_p(k, n, p):
+    assert binomial_pmf(k, n, p) == pytest.approx(stats.binom.pmf(k, n, p), rel=1e-12, abs=0.0)
+
+
+def reference_power(n: int, weight: int, stable_rate: float, rules: EvidenceRules) -> float:
+    """detection_probability the long way with SciPy: every canary error count from none, until one fails."""
+    alpha = rules.alpha(deciding=True)
+    n_s = round(n * (100 - weight) / weight)
+    k_s = round(n_s * stable_rate)
+    critical = next((k for k in range(n + 1) if stats.binom.sf(k - 1, n, rules.max_error_rate) <= alpha or (
+        n_s and k / n - k_s / n_s > rules.max_error_rate_increase
+        and stats.fisher_exact([[k, n - k], [k_s, n_s - k_s]], alternative="greater")[1] <= alpha)), n + 1)
+    bad = (stable_rate if n_s else rules.max_error_rate) + rules.min_error_rate_regression
+    return stats.binom.sf(critical - 1, n, bad)
+
+
+def reference_needed(weight: int, stable_rate: float, rules: EvidenceRules) -> int:
+    """The search min_canary_requests makes (doubling, then halving: the power of discrete tests rises with n only
+    up to a sawtooth, so this finds a crossing of the power asked, not always the first), on SciPy's figures."""
+    def enough(n: int) -> bool:
+        return reference_power(n, weight, stable_rate, rules) >= rules.detection_power
+
+    high = 1
+    while not enough(high):
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
+
+
+@pytest.mark.parametrize("rules, weight, stable_rate", [
+    # The rise allowed decides: Fisher's test alone would fail far fewer errors.
+    (EvidenceRules(0.5, 0.08, 0.1, 0.9, 0.05, 1, 1), 50, 0.02),
+    # One error fails (a limit of 1 in 10,000), and the power is the chance of any error.
+    (EvidenceRules(0.0001, 0.005, 0.3, 0.9, 0.05, 1, 1), 10, 0.0),
+    # At 100% the limit's test alone, against max_error_rate plus the regression.
+    (EvidenceRules(0.02, 0.005, 0.1, 0.9, 0.02, 2, 3), 100, 0.0),
+    (RULES, 10, 0.02),
+])
+def test_the_requests_a_step_needs_are_the_long_ways(rules, weight, stable_rate):
+    needed = min_canary_requests(weight, stable_rate, rules)
+    assert needed == reference_needed(weight, stable_rate, rules)
+    assert detection_probability(needed, weight, stable_rate, rules) == pytest.approx(
+        reference_power(needed, weight, stable_rate, rules), rel=1e-9)
 
 
 def test_the_significance_is_shared_out_over_steps_tests_and_looks():

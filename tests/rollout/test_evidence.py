@@ -42,9 +42,11 @@ def test_the_canary_against_stable_is_fishers_exact_test_one_sided(k_c, n_c, k_s
     assert canary_worse_p_value(k_c, n_c, k_s, n_s) == pytest.approx(expected, rel=1e-9, abs=1e-300)
 
 
-@pytest.mark.parametrize("k_c, n_c, k_s, n_s", [(8, 10, 9, 10), (10, 10, 9, 10), (7, 10, 9, 10), (1, 1, 0, 9)])
-def test_fishers_test_holds_where_the_errors_outnumber_stables_requests(k_c, n_c, k_s, n_s):
-    # The canary then holds at least n_c - (population - errors) of the errors whatever the split.
+@pytest.mark.parametrize("k_c, n_c, k_s, n_s", [(8, 10, 9, 10), (10, 10, 9, 10), (7, 10, 9, 10), (1, 1, 0, 9),
+                                                  (1, 50, 1, 50), (2, 100, 3, 100)])
+def test_fishers_test_holds_at_the_lower_end_of_the_canarys_errors(k_c, n_c, k_s, n_s):
+    # Where the errors outnumber stable's requests the canary holds at least n_c - (population - errors) of them
+    # whatever the split; below the mode the tail is 1 minus the lower one, down to none.
     _, expected = stats.fisher_exact([[k_c, n_c - k_c], [k_s, n_s - k_s]], alternative="greater")
     assert canary_worse_p_value(k_c, n_c, k_s, n_s) == pytest.approx(expected, rel=1e-9)
 

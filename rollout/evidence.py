@@ -38,64 +38,24 @@ class EvidenceRules:
         return step / 2.0 if deciding or self.looks == 1 else step / 2.0 / (self.looks - 1)
 
 
-def _log_choose(n: int, k: int) -> float:
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+def above_limit_p_value(canary_errors: int, canary_requests: int, max_error_rate: float) -> float:
+    """The exact binomial test, one-sided: the chance of at least `canary_errors` failures in `canary_requests` from a
+    canary failing exactly at the limit."""
+    from scipy import stats
 
-
-def binomial_pmf(k: int, n: int, p: float) -> float:
-    if p <= 0.0:
-        return 1.0 if k == 0 else 0.0
-    if p >= 1.0:
-        return 1.0 if k == n else 0.0
-    return math.exp(_log_choose(n, k) + k * math.log(p) + (n - k) * math.log1p(-p))
-
-
-def _tail(pmf, k: int, low: int, high: int, mode: float) -> float:
-    """P(X >= k) for X on [low, high] with a unimodal `pmf`: the side of k away from the mode is summed outward (its
-    terms fall, so the sum stops once they no longer change it), the other as its complement."""
-    if k > high:
-        return 0.0
-    if k > mode:
-        return _falling_sum(pmf(x) for x in range(k, high + 1))
-    # Nothing below low: P(X >= k) is 1 for every k up to it.
-    return 1.0 - _falling_sum(pmf(x) for x in range(k - 1, low - 1, -1))
-
-
-def _falling_sum(terms) -> float:
-    total = 0.0
-    for term in terms:
-        if term <= total * 1e-17:
-            break
-        total += term
-    return total
-
-
-def binomial_upper_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    return _tail(lambda x: binomial_pmf(x, n, p), k, 0, n, n * p)
+    return float(stats.binom.sf(canary_errors - 1, canary_requests, max_error_rate))
 
 
 def canary_worse_p_value(canary_errors: int, canary_requests: int, stable_errors: int, stable_requests: int) -> float:
     """Fisher's exact test, one-sided: the chance, with both tracks failing at one rate, that the canary holds at
-    least `canary_errors` of the window's errors given how many requests each track got (hypergeometric upper
-    tail)."""
+    least `canary_errors` of the window's errors given how many requests each track got (the hypergeometric upper
+    tail, as scipy.stats.fisher_exact's alternative="greater" computes it)."""
+    from scipy import stats
+
     if canary_requests == 0:
         return 1.0
-    errors = canary_errors + stable_errors
-    population = canary_requests + stable_requests
-    denominator = _log_choose(population, canary_requests)
-
-    def pmf(x: int) -> float:
-        return math.exp(_log_choose(errors, x) + _log_choose(population - errors, canary_requests - x) - denominator)
-
-    low = max(0, canary_requests - (population - errors))
-    return _tail(pmf, canary_errors, low, min(errors, canary_requests), canary_requests * errors / population)
-
-
-def above_limit_p_value(canary_errors: int, canary_requests: int, max_error_rate: float) -> float:
-    """The exact binomial test, one-sided: the chance of at least `canary_errors` failures in `canary_requests` from a
-    canary failing exactly at the limit."""
-    return binomial_upper_tail(canary_errors, canary_requests, max_error_rate)
+    return float(stats.hypergeom.sf(canary_errors - 1, canary_requests + stable_requests,
+                                    canary_errors + stable_errors, canary_requests))
 
 
 def _fails(errors: int, canary_requests: int, stable_errors: int, stable_requests: int, rules: EvidenceRules,
@@ -132,7 +92,7 @@ def detection_probability(canary_requests: int, weight: int, stable_error_rate: 
     bad = (stable_error_rate if stable_requests else rules.max_error_rate) + rules.min_error_rate_regression
     critical = _critical_canary_errors(canary_requests, stable_errors, stable_requests, rules,
                                        rules.alpha(deciding=True))
-    return binomial_upper_tail(critical, canary_requests, bad)
+    return above_limit_p_value(critical, canary_requests, bad)
 
 
 @lru_cache(maxsize=256)

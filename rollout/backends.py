@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import urllib.error
+import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 from rollout.metrics import MetricsSource
 from rollout.state import LocalStateStore, StateStore
 from serving.repository.base import RepositoryError
 from serving.repository.local import ModelRepository
+from serving.server.failures import FAILURES_PATH
 from settings.errors import UserError
 
 TRACKS = ("stable", "canary")
@@ -76,6 +81,28 @@ class Backend(ABC):
     @abstractmethod
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
         """The version `label` resolves to on every server of the track (None: not set there yet)."""
+
+    @abstractmethod
+    def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        """GET `path` (with its query) on the REST port of every server of the track that serves `version`:
+        (server, HTTP status, body), status 0 where nothing answered."""
+
+    def failures(self, model: str, track: str, version: int, since: float) -> tuple[list[dict[str, Any]], list[str]]:
+        """The failed predictions of `version` (or of no version: the request named one that was not there) the
+        track's servers kept since `since` (serving/server/failures.py), and the servers that could not be read."""
+        found: list[dict[str, Any]] = []
+        unread: list[str] = []
+        for server, status, body in self.server_gets(track, version, f"{FAILURES_PATH}/{quote(model, safe='')}"):
+            try:
+                kept = json.loads(body)["failures"] if status == 200 else None
+            except (ValueError, KeyError, TypeError):
+                kept = None
+            if not isinstance(kept, list):
+                unread.append(f"{server}: {status or 'no answer'} {body[:200]}".strip())
+                continue
+            found.extend(f for f in kept if isinstance(f, dict) and f.get("version") in (version, None)
+                         and isinstance(f.get("time"), (int, float)) and f["time"] >= since)
+        return found, unread
 
     @abstractmethod
     def set_canary_weight(self, percent: int) -> None:
@@ -160,6 +187,19 @@ class LocalBackend(Backend):
                 except (ServingError, OSError):
                     versions.append(None)
         return versions
+
+    def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        answers = []
+        for endpoint in self.endpoints(track):
+            url = endpoint.rest.rstrip("/") + path
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+                    answers.append((endpoint.rest, response.status, response.read().decode(errors="replace")))
+            except urllib.error.HTTPError as e:
+                answers.append((endpoint.rest, e.code, e.read().decode(errors="replace")))
+            except (urllib.error.URLError, OSError) as e:
+                answers.append((endpoint.rest, 0, f"GET {url}: {getattr(e, 'reason', e)}"))
+        return answers
 
     def set_canary_weight(self, percent: int) -> None:
         if self.router is not None and self.router.canary_weight() != percent:

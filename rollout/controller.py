@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rollout.backends import Backend, BackendError
+from rollout.causes import describe_causes, failure_causes
 from rollout.report import report_paths, write_report
 from rollout.skew import SkewCheck, SkewCheckError, describe_feature
 from rollout.state import Holding, StateConflictError
@@ -136,10 +137,10 @@ class Controller:
         self._current = current
 
     def _advance(self, state: dict[str, Any], phase: str, message: str, **changes: Any) -> dict[str, Any]:
-        figures = changes.pop("figures", None)
+        # A step's verification (`figures`) and the window after the traffic moved to stable (`watch`) go to the event.
+        recorded = {key: value for key in ("figures", "watch") if (value := changes.pop(key, None)) is not None}
         new = {**state, **changes, "phase": phase}
-        self._commit(new, {"phase": state["phase"], "next": phase, "message": message,
-                           **({"figures": figures} if figures is not None else {})})
+        self._commit(new, {"phase": state["phase"], "next": phase, "message": message, **recorded})
         self.log(message)
         return self._current
 
@@ -337,11 +338,19 @@ class Controller:
             figures["error"] = "candidate not AVAILABLE: " + ", ".join(f"{v.server} {v.state} {v.error}".strip()
                                                                       for v in not_available)
         else:
+            since = time.time()
             figures["golden"] = verifier.golden(s["stable"], C)
             figures["error"] = figures["golden"].get("error")
             if not figures["error"]:
+                since = time.time()
                 figures["window"] = verifier.window(C, weight)
                 figures["error"] = figures["window"].get("error")
+            if figures["error"]:
+                # The failed part names its causes from what the canary's servers kept of its failures.
+                failed = figures.get("window") or figures["golden"]
+                causes = failure_causes(self.backend, self.model, C, since, failed.get("traffic", "verifier"))
+                if causes["failed_requests"] or causes.get("unread"):  # not for a failure of latency or answers
+                    failed["causes"] = causes
             if not figures["error"] and self.skew_check is not None and weight > 0:
                 # From the first step with user traffic on the canary (none reaches it at 0%), every request the
                 # candidate answered since the rollout began, not only this window's: the sample grows each step.
@@ -389,10 +398,27 @@ class Controller:
 
     def _promote_route(self, s: dict[str, Any]) -> dict[str, Any]:
         self.backend.set_canary_weight(0)
+        watch = self._watch_stable(s["candidate"], "promotion")
+        if watch["window"].get("error"):
+            return self._begin_rollback(s, f"the window after promotion failed: {watch['window']['error']}",
+                                        watch=watch)
         until = _now() + self.keep_previous_s
         return self._advance(s, "retain", f"all traffic on the stable servers, now version {s['candidate']}; version "
                              f"{s['stable']} stays loaded until {_stamp(until)} for an instant rollback",
-                             retain_until=until)
+                             retain_until=until, watch=watch)
+
+    def _watch_stable(self, version: int, after: str) -> dict[str, Any]:
+        """The window on the stable servers once all traffic is theirs (rollout/verify.py Verifier.stable_window):
+        after a promotion it can roll the promoted version back; after a rollback it shows whether stable recovered."""
+        try:
+            verifier = self._verifier or self.verifier_factory()
+        except UserError as e:  # golden rows that cannot be read must not stop a rollback from finishing
+            window = {"verdict": "inconclusive", "inconclusive": f"no window: {e}"}
+        else:
+            self._verifier = verifier
+            window = verifier.stable_window(version)
+        self.log(f"window after {after}: {describe_stable_window(window)}")
+        return {"after": after, "window": window}
 
     def _retain(self, s: dict[str, Any], retire_now: bool) -> dict[str, Any]:
         """Retires the previous version once its keep time is over (or now); else returns the state unchanged."""
@@ -402,7 +428,8 @@ class Controller:
         self.backend.set_track(self.model, STABLE, [C], {STABLE: C})
         return self._finish(s, "promoted")
 
-    def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _begin_rollback(self, s: dict[str, Any], reason: str, figures: dict[str, Any] | None = None,
+                        watch: dict[str, Any] | None = None) -> dict[str, Any]:
         # Where the rollback starts follows what the backend shows, not the phase: a controller stopped right after
         # writing a promotion phase's config left the candidate on the stable track before recording it, and one
         # stopped right after recording promote_load had not loaded it there yet (a label names a loaded version).
@@ -412,6 +439,8 @@ class Controller:
         changes: dict[str, Any] = {"reason": reason, "canary_label_at_rollback": canary_labels.get(CANARY)}
         if figures is not None:
             changes["figures"] = figures
+        if watch is not None:
+            changes["watch"] = watch
         state = {k: v for k, v in s.items() if k != "paused"}
         return self._advance(state, phase, f"ROLLING BACK version {C}: {reason}", **changes)
 
@@ -454,7 +483,7 @@ class Controller:
         S = s["stable"]
         self.backend.set_track(self.model, CANARY, [S], {CANARY: S})
         self._wait_label(CANARY, S, must=True)
-        return self._finish(s, "rolled_back")
+        return self._finish(s, "rolled_back", watch=self._watch_stable(S, "rollback"))
 
     def served_state(self) -> dict[str, Any]:
         """What the backend serves now: each track's versions and labels, and the canary's share of the traffic."""
@@ -465,7 +494,7 @@ class Controller:
         state["canary_weight"] = self.backend.canary_weight()
         return state
 
-    def _finish(self, s: dict[str, Any], outcome: str) -> dict[str, Any]:
+    def _finish(self, s: dict[str, Any], outcome: str, watch: dict[str, Any] | None = None) -> dict[str, Any]:
         self._fence()
         version = s["candidate"] if outcome == "promoted" else s["stable"]
         served = self.served_state()
@@ -480,7 +509,7 @@ class Controller:
             message += f" ({s['reason']})"
         record = {**s, "phase": "done", "outcome": outcome, "finished_at": _stamp(_now()), "served": served,
                   "events": [*s["events"], {"at": _stamp(_now()), "phase": s["phase"], "next": "done",
-                                            "message": message}]}
+                                            "message": message, **({"watch": watch} if watch else {})}]}
         self._commit(None, finished=record)
         self.log(message)
         self._write_report(record)
@@ -550,6 +579,23 @@ def describe_served(served: dict[str, Any]) -> str:
     return f"{' and '.join(tracks)}, {served['canary_weight']}% of the traffic on the canary"
 
 
+def describe_stable_window(window: dict[str, Any]) -> str:
+    """The window on the stable servers after the traffic moved there, in one line."""
+    parts = []
+    if "requests" in window:
+        whose = "users'" if window.get("traffic") == "users" else "the verifier's"
+        parts.append(f"{window['seconds']:g}s ({window['source']}, {whose} requests) of version {window['version']}: "
+                     f"{window['requests']:.0f} requests, error rate {window['error_rate']:.4f}, p99 "
+                     f"{window['p99_ms']:.1f} ms")
+    if window.get("error"):
+        parts.append(f"FAILED: {window['error']}")
+    elif window.get("inconclusive"):
+        parts.append(f"INCONCLUSIVE: {window['inconclusive']}")
+    else:
+        parts.append("passed")
+    return "; ".join(parts)
+
+
 def describe_figures(figures: dict[str, Any]) -> str:
     parts = []
     golden = figures.get("golden")
@@ -583,6 +629,9 @@ def describe_figures(figures: dict[str, Any]) -> str:
     inconclusive = [f["inconclusive"] for f in (window or {}, skew or {}) if f.get("inconclusive")]
     if figures.get("error"):
         parts.append(f"FAILED: {figures['error']}")
+        causes = (window or golden or {}).get("causes")
+        if causes is not None:
+            parts.append(f"causes: {describe_causes(causes)}")
     elif inconclusive:
         parts.append(f"INCONCLUSIVE: {'; '.join(inconclusive)}")
     else:

@@ -515,6 +515,9 @@ class KubernetesBackend(_RoutesMixin, _PodsMixin, Backend):
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
         return self._label_views(self._selector(track), model, label)
 
+    def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        return [(pod.metadata.name, *self._status_get(pod, path)) for pod in self._pods(self._selector(track))]
+
     def set_canary_weight(self, percent: int) -> None:
         weights = {self.settings.stable_service: 100 - percent, self.settings.canary_service: percent}
 
@@ -750,6 +753,10 @@ class KubeDLBackend(_RoutesMixin, _PodsMixin, Backend):
 
     def label_views(self, model: str, track: str, label: str) -> list[int | None]:
         raise NotImplementedError("KubeDL predictors have no labels")
+
+    def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        selector = self.settings.predictor_selector.format(**self._placeholders(version))
+        return [(pod.metadata.name, *self._status_get(pod, path)) for pod in self._pods(selector)]
 
     def set_canary_weight(self, percent: int) -> None:
         weights = [100 - percent, percent]

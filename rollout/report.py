@@ -253,6 +253,58 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
             "little traffic.</p>" + "<br>".join(panels))
 
 
+def _watch_table(record: dict[str, Any]) -> list[str]:
+    """The windows on the stable servers once all traffic was theirs: a promoted version's first users, stable's
+    recovery after a rollback (rollout/verify.py Verifier.stable_window)."""
+    watched = [(event.get("at", ""), event["watch"]) for event in record.get("events", []) if event.get("watch")]
+    if not watched:
+        return []
+    out = ["<h2>After all traffic moved to the stable servers</h2>",
+           "<table><tr><th>at (UTC)</th><th>after</th><th>version</th><th>window</th><th>requests</th><th>errors</th>"
+           "<th>error rate</th><th>p99 ms</th><th>verdict</th></tr>"]
+    for at, watch in watched:
+        window = watch["window"]
+        verdict = (f"<td class='failed'>FAILED: {_e(window['error'])}</td>" if window.get("error")
+                   else f"<td class='failed'>INCONCLUSIVE: {_e(window['inconclusive'])}</td>"
+                   if window.get("inconclusive") else "<td class='passed'>passed</td>")
+        source = f"{window['seconds']:g}s ({window['source']}, {window.get('traffic', '')})" if "seconds" in window \
+            else "-"
+        cells = [_number(window.get("requests"), 0), _number(window.get("errors"), 0),
+                 _number(window.get("error_rate"), 4), _number(window.get("p99_ms"), 1)]
+        out.append(f"<tr><td>{_e(at)}</td><td>{_e(watch['after'])}</td><td class='num'>"
+                   f"{_e(window.get('version', '-'))}</td><td>{_e(source)}</td>"
+                   + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
+    out.append("</table>")
+    return out
+
+
+def _cause_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """Why a step failed: the error messages and the input values most common among its failed requests, as the
+    canary's servers kept them (rollout/causes.py)."""
+    out = []
+    for i, figures in enumerate(rows):
+        part = figures.get("window") if (figures.get("window") or {}).get("causes") else figures.get("golden") or {}
+        causes = part.get("causes")
+        if not causes:
+            continue
+        whose = "users'" if causes["traffic"] == "users" else "the verifier's"
+        out.append(f"<h3>Why step {i} at {_e(figures.get('weight', 0))}% failed: {_e(causes['failed_requests'])} of "
+                   f"the {whose} failed requests, as the canary's servers kept them</h3>")
+        if causes.get("unread"):
+            out.append(f"<p class='failed'>Not read: {_e('; '.join(causes['unread']))}</p>")
+        out.append("<table><tr><th>failed requests</th><th>error message</th></tr>")
+        out += [f"<tr><td class='num'>{_e(m['count'])}</td><td><pre>{_e(m['message'])}</pre></td></tr>"
+                for m in causes["messages"]]
+        out.append("</table>")
+        if causes["values"]:
+            out.append("<table><tr><th>input</th><th>value</th><th>in failed requests</th></tr>")
+            out += [f"<tr><td>{_e(v['feature'])}</td><td>{_e(json.dumps(v['value']))}</td>"
+                    f"<td class='num'>{_e(v['count'])} of {_e(causes['failed_requests'])}</td></tr>"
+                    for v in causes["values"]]
+            out.append("</table>")
+    return out
+
+
 def _skew_tables(rows: list[dict[str, Any]]) -> list[str]:
     """rollout.skew_check's figures per step: each feature's distance from the candidate's training data against its
     threshold, and what its requests break of the training schema."""
@@ -331,7 +383,9 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
                      _stable_errors(window.get("evidence")), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")
+        out += _cause_tables(rows)
         out += _skew_tables(rows)
+    out += _watch_table(record)
     if traffic is not None:
         out.append("<h2>Traffic per track</h2>")
         out.append(f"<p class='failed'>{_e(traffic['error'])}</p>" if "error" in traffic

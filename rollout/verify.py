@@ -226,13 +226,13 @@ class Verifier:
                                 f"{worst:.6f} > rollout.max_abs_diff {self.limits.max_abs_diff}")
         return figures
 
-    def _send(self, candidate: int) -> tuple[int, list[float]]:
-        """Golden rows to the canary servers for window_seconds (REST and gRPC in turn): (requests sent, latencies of
-        the ones answered, ms)."""
+    def _send(self, candidate: int, track: str = "canary") -> tuple[int, list[float]]:
+        """Golden rows to the track's servers for window_seconds (REST and gRPC in turn): (requests sent, latencies
+        of the ones answered, ms)."""
         from serving.clients import ServingError
 
         # No retries: a failed request counts as failed.
-        pairs = [self.clients(e, 0) for e in self.backend.endpoints("canary")]
+        pairs = [self.clients(e, 0) for e in self.backend.endpoints(track)]
         clients = [c for pair in pairs for c in pair]
         latencies: list[float] = []
         interval = 1.0 / self.limits.requests_per_second
@@ -293,6 +293,45 @@ class Verifier:
                      f"{evidence['needed']} canary user requests the step needs; watching "
                      f"{self.limits.window_seconds:g}s more")
         raise AssertionError("the last look decides")  # pragma: no cover
+
+    def stable_window(self, version: int) -> dict[str, Any]:
+        """The stable servers for window_seconds right after all traffic moved to them: the first users of a promoted
+        version (its first answers are the slow ones when it did not warm up), or stable's recovery after a rollback.
+        With a metrics source the figures are the users' requests the stable servers counted, failed on a p99 over
+        rollout.max_p99_ms once MIN_SHARE_REQUESTS predictions tell it; the errors are shown, not judged (the version
+        passed its error tests at its last step, and a new test would spend more of rollout.false_rollback_rate).
+        Without one, the verifier's own requests to `version` on the stable servers, judged as its windows are."""
+        metrics = self.backend.metrics
+        if metrics is None:
+            sent, latencies = self._send(version, "stable")
+            errors = sent - len(latencies)
+            return self._judge_verifier({
+                "source": "verifier", "traffic": "verifier", "version": version, "requests": sent, "errors": errors,
+                "error_rate": errors / sent, "p99_ms": round(percentile_99(latencies), 3),
+                "seconds": self.limits.window_seconds, "verifier_requests": sent})
+        try:
+            before = metrics.snapshot(self.model)
+            self.sleep(self.limits.window_seconds)
+            after = metrics.snapshot(self.model, fresh_after=time.time())
+        except MetricsError as e:
+            return {"source": metrics.name, "version": version, "verdict": INCONCLUSIVE, "inconclusive": str(e)}
+        stable = window_figures(before, after, "stable")
+        figures: dict[str, Any] = {"source": metrics.name, "traffic": "users", "version": version,
+                                   "seconds": self.limits.window_seconds,
+                                   **{k: stable[k] for k in ("requests", "errors", "error_rate", "predictions",
+                                                             "p99_ms")}}
+        if "inconclusive" in stable:
+            figures["inconclusive"] = stable["inconclusive"]
+        elif stable["predictions"] < MIN_SHARE_REQUESTS:
+            figures["inconclusive"] = (f"{stable['predictions']:.0f} user predictions on the stable servers in "
+                                       f"{self.limits.window_seconds:g}s, fewer than the {MIN_SHARE_REQUESTS} a p99 "
+                                       "needs")
+        elif stable["p99_ms"] > self.limits.max_p99_ms:
+            figures["error"] = (f"p99 latency {stable['p99_ms']:.1f} ms of version {version} on the stable servers in "
+                                f"the {self.limits.window_seconds:g}s after all traffic moved there > "
+                                f"rollout.max_p99_ms {self.limits.max_p99_ms}")
+        figures["verdict"] = INCONCLUSIVE if "inconclusive" in figures else FAILED if "error" in figures else PASSED
+        return figures
 
     def _measured(self, source: str, before: Snapshot, after: Snapshot, weight: int) -> dict[str, Any]:
         canary = window_figures(before, after, "canary")

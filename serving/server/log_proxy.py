@@ -4,8 +4,9 @@ sampled predictions with the request logger of `mlops serve` (serving/server/req
 Open-source TF Serving cannot log requests (a `logging_config` fails with "No request-logger-creator provided"), so
 on Kubernetes this runs as a sidecar in the serving pod: it listens on the ports the Services target and forwards
 each request to TF Serving on localhost. Answers come back as TF Serving gave them: REST status, content type and
-body, gRPC messages, status codes and details. The one addition is the Prometheus page
-(`/monitoring/prometheus/metrics`), to which the proxy appends its own `:mlops:serving:request_log_count` family.
+body, gRPC messages, status codes and details. The additions are the Prometheus page
+(`/monitoring/prometheus/metrics`), to which the proxy appends its own `:mlops:serving:request_log_count` family, and
+the failed predictions it saw pass, with their inputs, at `/monitoring/failures/NAME` (serving/server/failures.py).
 When TF Serving does not answer at all, REST gets 503 and gRPC UNAVAILABLE, as from TF Serving while it starts.
 
 A gRPC Predict is logged as its two messages, untouched. A REST prediction is logged as the PredictRequest and
@@ -34,6 +35,7 @@ import uvloop
 from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
 from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits, is_verifier
+from serving.server.failures import RecentFailures, rows_from_json_body, rows_from_predict_request
 from serving.server.grpc.servicer import MAX_RESPONSE_BYTES
 from serving.server.monitoring import METRICS_PATH, RequestLogMetrics
 from serving.server.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays, wire_model_spec
@@ -54,6 +56,8 @@ RESERVED_METADATA = frozenset({"user-agent", "te", "content-type", "host"})
 # Idle keep-alive connections to TF Serving's REST port kept for reuse.
 MAX_IDLE_CONNECTIONS = 64
 UPSTREAM_TIMEOUT_S = 300.0
+# A failed REST answer that is not TF Serving's JSON is kept by its first characters.
+MAX_FORWARDED_ERROR_CHARS = 1024
 
 
 class UpstreamError(Exception):
@@ -229,12 +233,13 @@ class RestForwarder:
     """ASGI app: every request to TF Serving's REST port, its answer back unchanged; sampled predictions logged."""
 
     def __init__(self, upstream: HttpUpstream, limits: ServingLimits, request_logger: RequestLogger | None,
-                 signatures: SignatureSource | None, metrics: RequestLogMetrics) -> None:
+                 signatures: SignatureSource | None, metrics: RequestLogMetrics, failures: RecentFailures) -> None:
         self.upstream = upstream
         self.limits = limits
         self.request_logger = request_logger
         self.signatures = signatures
         self.metrics = metrics
+        self.failures = failures
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -242,6 +247,10 @@ class RestForwarder:
         method = scope["method"]
         path = scope["raw_path"].decode("latin-1")
         query = scope.get("query_string", b"")
+        failures = self.failures.answer(path) if method == "GET" else None
+        if failures is not None:
+            await _send(send, failures[0], [(b"content-type", b"application/json")], json.dumps(failures[1]).encode())
+            return
         try:
             body = await self._read_body(receive)
         except _ClientGone:
@@ -265,6 +274,22 @@ class RestForwarder:
                     answer)
         if status == 200 and method == "POST" and self.request_logger is not None:
             self._maybe_log(path, body, answer, is_verifier(scope["headers"]))
+        elif status != 200 and method == "POST":
+            self._keep_failure(path, body, status, answer, is_verifier(scope["headers"]))
+
+    def _keep_failure(self, path: str, body: bytes, status: int, answer: bytes, verifier: bool) -> None:
+        """A prediction TF Serving refused, with its inputs. TF Serving's REST answer names neither the version nor
+        the canonical code: the version is the one the path asked for, the code the HTTP status."""
+        match = PREDICT_PATH.fullmatch(path)
+        if match is None or match.group(4).lower() != "predict":
+            return
+        try:
+            message = str(json.loads(answer)["error"])
+        except (ValueError, KeyError, TypeError):
+            message = answer[:MAX_FORWARDED_ERROR_CHARS].decode("utf-8", errors="replace")
+        version = int(match.group(2)) if match.group(2) and match.group(2).isdigit() else None
+        self.failures.add(unquote(match.group(1)), version, "rest", f"HTTP {status}", message, verifier,
+                          rows_from_json_body(body))
 
     def _maybe_log(self, path: str, body: bytes, answer: bytes, verifier: bool) -> None:
         match = PREDICT_PATH.fullmatch(path)
@@ -307,9 +332,11 @@ async def _send(send, status: int, headers: list[tuple[bytes, bytes]], body: byt
 class GrpcForwarder(grpc.GenericRpcHandler):
     """Every unary gRPC method (all of TF Serving's PredictionService and ModelService), forwarded as bytes."""
 
-    def __init__(self, channel: grpc.aio.Channel, request_logger: RequestLogger | None) -> None:
+    def __init__(self, channel: grpc.aio.Channel, request_logger: RequestLogger | None,
+                 failures: RecentFailures) -> None:
         self.channel = channel
         self.request_logger = request_logger
+        self.failures = failures
         self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
     def service(self, handler_call_details):
@@ -325,6 +352,8 @@ class GrpcForwarder(grpc.GenericRpcHandler):
         try:
             response = await call(request, timeout=context.time_remaining(), metadata=metadata)
         except grpc.aio.AioRpcError as e:
+            if method == PREDICT_METHOD:
+                self._keep_failure(request, e, metadata)
             await context.abort(e.code(), e.details() or "", _user_metadata(e.trailing_metadata()))
         if method == PREDICT_METHOD and self.request_logger is not None:
             verifier = is_verifier(metadata)
@@ -339,6 +368,16 @@ class GrpcForwarder(grpc.GenericRpcHandler):
             else:
                 self.request_logger.submit(model, functools.partial(grpc_prediction, request, response))
         return response
+
+
+    def _keep_failure(self, request: bytes, error: grpc.aio.AioRpcError, metadata: list) -> None:
+        try:
+            spec = wire_model_spec(request, 1)
+        except Exception:  # noqa: BLE001 - a message TF Serving could not parse names no model
+            return
+        version = spec.version.value if spec.HasField("version") else None
+        self.failures.add(spec.name, version, "grpc", error.code().name, error.details() or "", is_verifier(metadata),
+                          rows_from_predict_request(request))
 
 
 def _user_metadata(metadata) -> tuple:
@@ -368,6 +407,9 @@ class LogProxy:
         self.request_logger = request_logger
         self.limits = limits or ServingLimits()
         self.metrics = request_logger.metrics if request_logger is not None else RequestLogMetrics()
+        self.failures = RecentFailures()
+        if request_logger is not None:
+            self.failures.on_users_failure = request_logger.submit_failure
         self.metadata_ttl_s = metadata_ttl_s
         self._requested_ports = (rest_port, grpc_port)
         self.rest_port: int | None = None
@@ -402,13 +444,14 @@ class LogProxy:
                 ("grpc.max_send_message_length", self.limits.max_request_bytes),
                 ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)])
             forwarder = RestForwarder(self._upstream, self.limits, self.request_logger, self._signatures,
-                                      self.metrics)
+                                      self.metrics, self.failures)
             self._rest = RestServer(forwarder, sock, self.limits)
             self.rest_port = self._rest.port
             await self._rest.start()
             self._grpc_server = grpc.aio.server(options=[*message_limits, ("grpc.so_reuseport", 0)],
                                                 maximum_concurrent_rpcs=self.limits.max_in_flight_requests)
-            self._grpc_server.add_generic_rpc_handlers((GrpcForwarder(self._channel, self.request_logger),))
+            self._grpc_server.add_generic_rpc_handlers(
+                (GrpcForwarder(self._channel, self.request_logger, self.failures),))
             self.grpc_port = self._grpc_server.add_insecure_port(f"{self.host}:{grpc_port}")
             if self.grpc_port == 0:
                 raise OSError(f"Could not bind gRPC to {self.host}:{grpc_port}; is the port in use?")

@@ -91,6 +91,7 @@ class ModelServer:
         self.request_logger = request_logger
         if request_logger is not None:
             self.metrics.request_log = request_logger.metrics
+            self.metrics.failures.on_users_failure = request_logger.submit_failure
         self.scheduler: BatchScheduler | None = None
         self._requested_ports = (rest_port, grpc_port)
         self.rest_port: int | None = None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import threading
 
+from serving.server.failures import RecentFailures
+
 METRICS_PATH = "/monitoring/prometheus/metrics"
 # Not TF Serving's own :tensorflow:serving:request_log_count: its page always declares that family, empty
 # (core/request_logger.cc, util/prometheus_exporter.cc GeneratePage, 2.16.1), and `mlops log-proxy` appends this
@@ -35,6 +37,8 @@ class RequestMetrics:
         self._latency: dict[tuple[str, str, str], tuple[list[int], float]] = {}
         # What the request logger did with the sampled predictions: on the same page.
         self.request_log = RequestLogMetrics()
+        # The newest failed predictions with their inputs, read at FAILURES_PATH beside this page.
+        self.failures = RecentFailures()
 
     def record(self, model: str, status: str, api: str, entrypoint: str, seconds: float) -> None:
         """One request naming `model` ended with canonical code `status` ("OK" for success) after `seconds`."""

@@ -19,6 +19,11 @@ old; a model's folder keeps `max_files` files, the oldest deleted first (only fi
 a folder several servers share, one more each may be open). On a local folder the file being written is
 flushed after each batch of records (every 50 ms while records come), so it ends on a whole record.
 
+Failed predictions of users go to `failures-<same stamp>-<pid>-<seq>.jsonl` beside them, one JSON object a line
+(serving/server/failures.py FailedPrediction: time, version, code, the whole error message and the first rows of the
+inputs), with the same rotation and limits; they are not sampled. TF Serving logs no failures, so nothing reads these
+but people and `mlops rollout`.
+
 Requests never wait for the log: a sampled prediction is put on a bounded queue and a writer thread builds and writes
 its record; a full queue drops the record, a failed write is counted, and both show on the server's Prometheus page
 (`:mlops:serving:request_log_count{model_name,status}`, serving/server/monitoring.py).
@@ -26,6 +31,7 @@ its record; a full queue drops the record, a failed write is counted, and both s
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import random
@@ -40,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import logging_pb2, model_pb2, predict_pb2, prediction_log_pb2
 
+from serving.server.failures import FailedPrediction
 from serving.server.grpc.codec import array_to_tensor_proto
 from serving.server.limits import wire_fields
 from serving.server.monitoring import RequestLogMetrics
@@ -50,6 +57,11 @@ logger = logging.getLogger(__name__)
 FILE_PREFIX = "requests-"
 FILE_SUFFIX = ".tfrecord"
 LOG_FILE_NAME = re.compile(r"requests-\d{8}T\d{12}Z-\d+-\d+\.tfrecord")
+FAILURE_FILE_PREFIX = "failures-"
+FAILURE_FILE_SUFFIX = ".jsonl"
+FAILURE_FILE_NAME = re.compile(r"failures-\d{8}T\d{12}Z-\d+-\d+\.jsonl")
+# What a model's files hold: sampled predictions (TFRecords of PredictionLog) or users' failures (JSON lines).
+PREDICTIONS, FAILURES = "predictions", "failures"
 # TF Serving's default --saved_model_tags.
 SAVED_MODEL_TAGS = ("serve",)
 # The writer wakes this often and writes what waits (or at once for flush and close): a handful of wake-ups a
@@ -124,14 +136,16 @@ def predict_messages_from_arrays(
     return LoggedPrediction(version, signature_name, request.SerializeToString(), response.SerializeToString())
 
 
-def log_file_name(started: float, pid: int, seq: int) -> str:
+def log_file_name(started: float, pid: int, seq: int, kind: str = PREDICTIONS) -> str:
     stamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    if kind == FAILURES:
+        return f"{FAILURE_FILE_PREFIX}{stamp}-{pid}-{seq:06d}{FAILURE_FILE_SUFFIX}"
     return f"{FILE_PREFIX}{stamp}-{pid}-{seq:06d}{FILE_SUFFIX}"
 
 
 def file_start(name: str) -> float:
     """When the log file `name` (log_file_name's) got its first record, in seconds since 1970."""
-    stamp = name[len(FILE_PREFIX):].split("-", 1)[0]
+    stamp = name.split("-", 2)[1]
     return datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
@@ -141,6 +155,24 @@ def log_files(directory: str, model: str) -> list[str]:
     if not tf.io.gfile.isdir(folder):
         return []
     return [_join(folder, name) for name in sorted(tf.io.gfile.listdir(folder)) if LOG_FILE_NAME.fullmatch(name)]
+
+
+def failure_files(directory: str, model: str) -> list[str]:
+    """A model's files of users' failures, oldest first (full paths)."""
+    folder = _join(directory, model)
+    if not tf.io.gfile.isdir(folder):
+        return []
+    return [_join(folder, name) for name in sorted(tf.io.gfile.listdir(folder)) if FAILURE_FILE_NAME.fullmatch(name)]
+
+
+def read_failures(path: str) -> Iterator[dict]:
+    """The failures of one file, in order (a line the writer was cut off in is left out)."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
 
 
 def read_prediction_logs(path: str) -> Iterator[prediction_log_pb2.PredictionLog]:
@@ -159,10 +191,11 @@ def _join(directory: str, name: str) -> str:
 
 
 class _ModelFiles:
-    """The file one model's records go to now, and when and how large it started."""
+    """The file one model's records of one kind go to now, and when and how large it started."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, kind: str) -> None:
         self.folder = folder
+        self.kind = kind
         self.writer: tf.io.TFRecordWriter | None = None
         self.path = ""
         self.started = 0.0
@@ -187,7 +220,7 @@ class RequestLogger:
         self._clock = clock
         # Appended by the request path and taken by the writer, which wakes on a timer rather than per record.
         self._pending: collections.deque = collections.deque()
-        self._files: dict[str, _ModelFiles] = {}
+        self._files: dict[tuple[str, str], _ModelFiles] = {}
         self._metadata_cache: dict[tuple[str, int, str], bytes] = {}
         self._pid = os.getpid()
         self._seq = 0
@@ -222,6 +255,17 @@ class RequestLogger:
         with self._accepted_lock:
             self._accepted += 1
         self._pending.append((model, self._clock(), build))
+
+    def submit_failure(self, failure: FailedPrediction) -> None:
+        """Queues one users' failed prediction (not sampled); a full queue drops it (counted), never waits."""
+        if self._stopping:
+            return
+        if len(self._pending) >= self.settings.queue_size:
+            self.metrics.count(failure.model, "dropped")
+            return
+        with self._accepted_lock:
+            self._accepted += 1
+        self._pending.append((failure.model, failure.time, failure))
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Waits until every record queued so far is written (or failed); False after `timeout_s`."""
@@ -271,14 +315,19 @@ class RequestLogger:
                 self._close_files()
                 return
 
-    def _write_one(self, model: str, stamp: float, build: Callable[[], LoggedPrediction]) -> None:
+    def _write_one(self, model: str, stamp: float,
+                   build: Callable[[], LoggedPrediction] | FailedPrediction) -> None:
+        kind = FAILURES if isinstance(build, FailedPrediction) else PREDICTIONS
         try:
-            prediction = build()
-            record = prediction_log_bytes(self._metadata(model, prediction, stamp), prediction)
-            self._append(model, stamp, record)
+            if isinstance(build, FailedPrediction):
+                record = json.dumps(build.to_json(), allow_nan=False).encode() + b"\n"
+            else:
+                prediction = build()
+                record = prediction_log_bytes(self._metadata(model, prediction, stamp), prediction)
+            self._append(model, kind, stamp, record)
         except Exception as e:  # noqa: BLE001 - a failed log write must never reach the request
             self.metrics.count(model, "failed")
-            files = self._files.get(model)
+            files = self._files.get((model, kind))
             if files is not None and files.writer is not None:
                 self._close(files)  # the next record starts a new file rather than write after a failed write
             if not self._failing:
@@ -287,7 +336,8 @@ class RequestLogger:
                                "the request_log_count metric")
             self._failing = True
             return
-        self.metrics.count(model, "written")
+        if kind == PREDICTIONS:  # `written` counts predictions, as the records `mlops monitor` reads
+            self.metrics.count(model, "written")
         self._failing = False
 
     def _metadata(self, model: str, prediction: LoggedPrediction, stamp: float) -> bytes:
@@ -307,11 +357,11 @@ class RequestLogger:
         # timestamp_secs (field 4, a varint) appended: a message's fields may come in any order.
         return fixed + _varint(4 << 3) + _varint(int(stamp))
 
-    def _append(self, model: str, stamp: float, record: bytes) -> None:
-        files = self._files.get(model)
+    def _append(self, model: str, kind: str, stamp: float, record: bytes) -> None:
+        files = self._files.get((model, kind))
         if files is None:
-            files = self._files[model] = _ModelFiles(_join(self.directory, model))
-        size = len(record) + TFRECORD_OVERHEAD
+            files = self._files[(model, kind)] = _ModelFiles(_join(self.directory, model), kind)
+        size = len(record) + (TFRECORD_OVERHEAD if kind == PREDICTIONS else 0)
         if files.writer is not None and (files.bytes + size > self.settings.max_file_bytes
                                          or stamp - files.started >= self.settings.max_file_seconds):
             self._close(files)
@@ -325,8 +375,8 @@ class RequestLogger:
             tf.io.gfile.makedirs(files.folder)
             files.created = True
         self._seq += 1
-        path = _join(files.folder, log_file_name(stamp, self._pid, self._seq))
-        files.writer = open_record_file(path)
+        path = _join(files.folder, log_file_name(stamp, self._pid, self._seq, files.kind))
+        files.writer = open_record_file(path) if files.kind == PREDICTIONS else tf.io.gfile.GFile(path, "wb")
         files.path, files.started, files.bytes = path, stamp, 0
         self._prune(files)
 
@@ -335,7 +385,8 @@ class RequestLogger:
         several servers share (a ReadWriteMany claim), another writer's file is closed by its writer once
         max_file_seconds old, so only files started more than twice that long ago are deleted."""
         try:
-            names = sorted(n for n in tf.io.gfile.listdir(files.folder) if LOG_FILE_NAME.fullmatch(n))
+            pattern = LOG_FILE_NAME if files.kind == PREDICTIONS else FAILURE_FILE_NAME
+            names = sorted(n for n in tf.io.gfile.listdir(files.folder) if pattern.fullmatch(n))
             current = files.path.rsplit("/", 1)[-1]
             excess = len(names) - self.settings.max_files
             closed_before = self._clock() - 2 * self.settings.max_file_seconds

@@ -4,6 +4,7 @@ called after each write or state commit can stop the controller right there (`St
 verifiers, clients and metrics feed the gate."""
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,8 @@ class MemoryBackend(Backend):
         self.refused_labels: list[tuple[str, str, int]] = []
         # Why the routes carry no traffic (a route no gateway took), as KubernetesBackend.check_routing reads it.
         self.detached = ""
+        # What the track's server answers at /monitoring/failures/<model> (serving/server/failures.py), by track.
+        self.kept_failures: dict[str, list[dict[str, Any]]] = {"stable": [], "canary": []}
 
     def served(self) -> dict[str, Any]:
         """What `Controller.served_state` reads back, straight from the fake."""
@@ -91,6 +94,10 @@ class MemoryBackend(Backend):
         assert model == MODEL, f"a backend call for model {model!r}"
         version = self.configs[track][1].get(label)
         return [version if version not in self.failing[track] else None]
+
+    def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        assert path == f"/monitoring/failures/{MODEL}", path
+        return [(f"{track}-0", 200, json.dumps({"failures": self.kept_failures[track]}))]
 
     def set_canary_weight(self, percent: int) -> None:
         if self.weight == percent:
@@ -134,9 +141,12 @@ class ScriptedVerifier:
     inconclusive windows (as many times as listed), and a `golden_error` fails every golden comparison."""
 
     def __init__(self, fail_at: tuple[int, ...] = (), inconclusive_at: list[int] | None = None,
-                 golden_error: str = "") -> None:
+                 golden_error: str = "", fail_after_promotion: bool = False) -> None:
         self.fail_at = fail_at
         self.golden_error = golden_error
+        self.fail_after_promotion = fail_after_promotion
+        # The versions of each window on the stable servers after the traffic moved there.
+        self.stable_windows: list[int] = []
         self.inconclusive_at = list(inconclusive_at or [])
         self.windows: list[int] = []
         self._weight = 0
@@ -156,6 +166,17 @@ class ScriptedVerifier:
         elif weight in self.inconclusive_at:
             self.inconclusive_at.remove(weight)
             figures["inconclusive"] = "no metrics from the canary server(s) canary-0 (failed scrape)"
+        return figures
+
+
+    def stable_window(self, version: int) -> dict[str, Any]:
+        self.stable_windows.append(version)
+        figures: dict[str, Any] = {"source": "scripted", "traffic": "users", "version": version, "seconds": 0,
+                                   "requests": 40, "errors": 0, "error_rate": 0.0, "predictions": 40, "p99_ms": 1.0,
+                                   "verdict": "passed"}
+        if self.fail_after_promotion and len(self.stable_windows) == 1:
+            figures.update(p99_ms=900.0, verdict="failed", error="p99 latency 900.0 ms of version 2 on the stable "
+                                                                 "servers > rollout.max_p99_ms 500")
         return figures
 
 

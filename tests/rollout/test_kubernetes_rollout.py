@@ -69,6 +69,16 @@ def test_canary_errors_in_the_prometheus_metrics_roll_back(cluster):
     assert record["outcome"] == "rolled_back" and record["reason"].startswith(
         "verification at 50% failed: the canary failed "), record["reason"]
     assert "user requests" in record["reason"] and "above rollout.max_error_rate 0.01" in record["reason"]
+    # The cause, read from the canary pod's server through the API server's pod proxy: the input the requests lacked.
+    [failed] = [e["figures"] for e in record["events"] if e.get("figures", {}).get("error")]
+    causes = failed["window"]["causes"]
+    assert causes["failed_requests"] >= 2 and "unread" not in causes, causes
+    [message] = causes["messages"]
+    assert message["count"] == causes["failed_requests"], causes
+    assert message["message"].endswith("(unknown: [], missing: ['payment_type', 'trip_start_hour'])"), message
+    assert causes["values"] == [{"feature": "fare", "value": 2.5, "count": causes["failed_requests"]}]
+    assert f"monitoring/failures/{MODEL}" in cluster.proxied
+    assert any("causes: " in line and "fare=2.5" in line for line in lines)
     assert cluster.models_config("stable") == ([1], {"stable": 1})
     assert cluster.models_config("canary") == ([1], {"canary": 1})
     assert cluster.weights() == ALL_ON_STABLE

@@ -109,7 +109,12 @@ def test_a_good_version_is_verified_step_by_step_and_promoted(fleet):
     folder = fleet["base"] / ".rollouts"
     assert json.loads((folder / f"{MODEL}-v2-{record['id']}.json").read_text()) == history[-1]
     page = (folder / f"{MODEL}-v2-{record['id']}.html").read_text()
-    assert "PROMOTED" in page and page.count("<td class='passed'>passed</td>") == 3 and "<svg" in page
+    # Three verifications and the window after promotion: the verifier's requests to version 2 on the stable servers
+    # (no metrics source here).
+    [watch] = [e["watch"] for e in record["events"] if "watch" in e]
+    assert (watch["after"], watch["window"]["source"], watch["window"]["version"]) == ("promotion", "verifier", 2)
+    assert watch["window"]["verdict"] == "passed" and watch["window"]["requests"] >= 2
+    assert "PROMOTED" in page and page.count("<td class='passed'>passed</td>") == 4 and "<svg" in page
     assert f"{verifications[1]['golden']['rest_max_abs_diff']:.6f}" in page and "max_abs_diff" in page
     assert "<script" not in page and "http" not in page.split("<svg", 1)[0], "self-contained"
 

@@ -17,7 +17,7 @@ from rollout import local_stack
 from rollout.factory import build_backend, build_controller
 from rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
 from rollout.prometheus import PrometheusError, PrometheusSource
-from rollout.report import traffic_of, write_report
+from rollout.report import _seconds, traffic_of, write_report
 from serving.repository.local import ModelRepository
 from settings.config import load_config
 from tests.browser import render
@@ -230,6 +230,10 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
     assert {r[2] for r in results} == {"rest", "grpc"}
     assert backend.canary_weight() == 0 and stack["stack"].router().weights() == {
         "rest": {"stable-0": 100, "canary-0": 0}, "grpc": {"stable-0": 100, "canary-0": 0}}
+    # The promoted version's first users, on the stable servers after all traffic moved there.
+    [watch] = [e["watch"] for e in record["events"] if "watch" in e]
+    assert (watch["after"], watch["window"]["traffic"], watch["window"]["version"]) == ("promotion", "users", 2)
+    assert watch["window"]["verdict"] == "passed" and watch["window"]["predictions"] >= 20, watch
     assert_exact_windows(backend, record)
     # The report charts the traffic Prometheus saw, and loads in a browser with nothing from the network.
     time.sleep(1.0)
@@ -259,6 +263,14 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
     for before, after, _, _, error in failures:
         assert max(before, after) > 0, "a request failed while the canary had no traffic"
         assert "Internal error: Graph execution error" in error, error
+    [failed] = [e["figures"] for e in record["events"] if (e.get("figures") or {}).get("error")]
+    causes = failed["window"]["causes"]
+    print("causes:", causes)
+    # Named from what the canary's servers kept of the failed requests: the model's message and the fare it refuses.
+    assert causes["failed_requests"] >= 1 and "unread" not in causes, causes
+    assert all("this canary refuses 2.5" in m["message"] for m in causes["messages"]), causes
+    if causes["failed_requests"] >= 2:
+        assert {"feature": "fare", "value": REFUSED_FARE, "count": causes["failed_requests"]} in causes["values"]
     assert backend.canary_weight() == 0
     last_weight_change = max(i for i, r in enumerate(results) if r[0] != 0 or r[1] != 0)
     assert all(not r[4] for r in results[last_weight_change + 1:]), "nothing fails after the rollback"
@@ -267,8 +279,18 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
     rendered = render(Path(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)))
     assert rendered.console == [] and len(rendered.charts) == 3
     assert rendered.dom.count("10% failed</text>") == 3 and rendered.dom.count("ROLLED BACK</text>") == 3
-    canary_errors = [v for v in traffic_of(record, backend.metrics.inner)["tracks"]["canary"]["error_rate"] if v]
+    traffic = traffic_of(record, backend.metrics.inner)
+    canary_errors = [v for v in traffic["tracks"]["canary"]["error_rate"] if v]
     assert canary_errors and max(canary_errors) > 0.05, "the chart shows the canary's errors"
+    # Stable's recovery: a window on the stable servers once all traffic was back, which the chart runs on past.
+    [watch] = [e["watch"] for e in record["events"] if "watch" in e]
+    assert (watch["after"], watch["window"]["traffic"], watch["window"]["version"]) == ("rollback", "users",
+                                                                                       record["stable"])
+    assert watch["window"]["errors"] == 0 and watch["window"]["predictions"] >= 20, watch
+    [routed_back] = [_seconds(e["at"]) for e in record["events"] if e.get("next") == "rollback_canary_load"]
+    after = [v for t, v in zip(traffic["times"], traffic["tracks"]["stable"]["requests_per_second"], strict=True)
+             if t > routed_back + 1 and v]
+    assert after, "the chart shows stable's traffic after the rollback"
 
 
 def test_the_cli_reports_the_stack_and_refuses_a_second_one(stack, capsys):

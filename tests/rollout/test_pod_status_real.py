@@ -118,3 +118,80 @@ def test_the_in_cluster_account_may_not_use_the_pod_proxy(control_plane, pods):
     ("pod_ip", False, "pod_ip"), ("api_server_proxy", True, "api_server_proxy")])
 def test_auto_reads_at_pod_ips_only_inside_the_cluster(setting, in_cluster, expected):
     assert status_reads_for(setting, in_cluster) == expected
+
+
+def test_each_pods_failed_predictions_are_read_at_its_ip(control_plane, pods):
+    """What a failed window reads to name its causes (rollout/causes.py): the failures each pod's server kept, read at
+    the pod's IP as the account. (The API server's pod proxy refuses loopback pod IPs, "address not allowed"; the
+    proxied read is tests/rollout/test_kubernetes_rollout.py's, through the fake API server.)"""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    since = time.time()
+    request = urllib.request.Request(f"http://{PODS['tfserving-b']}:{pods}/v1/models/{MODEL}/versions/1:predict",
+                                     json.dumps({"instances": [{"fare": 2.5}]}).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    at_ips, unread = backend_as_the_account(control_plane, pods, "pod_ip").failures(MODEL, "stable", 1, since)
+    assert [(f["version"], f["rows"], f["traffic"]) for f in at_ips] == [(1, [{"fare": 2.5}], "users")]
+    assert len(unread) == 1 and unread[0].startswith("tfserving-down: no answer GET http://127.0.0.4:")
+    assert backend_as_the_account(control_plane, pods, "pod_ip").failures(MODEL, "stable", 1, time.time() + 60)[0] \
+        == [], "older than the window: left out"
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route (connecting a UDP socket sends nothing), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_the_pod_proxy_of_a_real_api_server_carries_the_failures_path(control_plane, tiny_versions, tmp_path):
+    """Read as a controller outside the cluster reads it: through the API server's pod proxy, as an administrator.
+    The API server refuses to proxy to loopback pod IPs ("address not allowed"), so this pod is a server on the
+    machine's own address."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback, and the API server proxies to no loopback pod IP")
+    ModelRepository(tmp_path / "serving").add_version(MODEL, tiny_versions[1], version=1)
+    ModelRepository.for_track(tmp_path / "serving", "stable").serve(MODEL, [1], {"stable": 1})
+    server = ServeProcess(tmp_path / "serving" / "models.config", tmp_path / "serve.log", host=address)
+    try:
+        server.wait_ready()
+        port = int(server.rest.rsplit(":", 1)[1])
+        namespace = "failure-reads"
+        control_plane.namespace(namespace)
+        with control_plane.api_client() as admin:
+            core = client.CoreV1Api(admin)
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": "tfserving"}})
+            core.create_namespaced_pod(namespace, {**restricted_pod("tfserving-host"), "metadata": {
+                "name": "tfserving-host", "namespace": namespace, "labels": {"status-reads/track": "stable"}}})
+            core.patch_namespaced_pod_status("tfserving-host", namespace, {"status": {
+                "phase": "Running", "podIP": address, "podIPs": [{"ip": address}],
+                "conditions": [{"type": "Ready", "status": "True"}]}})
+        since = time.time()
+        request = urllib.request.Request(f"http://{address}:{port}/v1/models/{MODEL}:predict",
+                                         json.dumps({"inputs": {"fare": [2.5, 3.5]}}).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(request, timeout=10)
+        settings = RolloutKubernetesConfig(namespace=namespace, stable_selector=SELECTOR, rest_port=port,
+                                           status_reads="api_server_proxy")
+        backend = KubernetesBackend(settings, MODEL, {"stable": [Endpoint("", "")], "canary": [Endpoint("", "")]},
+                                    5, api=control_plane.api_client())
+        failures, unread = backend.failures(MODEL, "stable", 1, since)
+    finally:
+        server.stop()
+    assert unread == []
+    assert [(f["version"], f["rows"], f["row_count"]) for f in failures] == [(1, [{"fare": 2.5}, {"fare": 3.5}], 2)]

@@ -18,15 +18,17 @@ from pathlib import Path
 
 import grpc
 import pytest
+import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, model_pb2
 
 from rollout.metrics import parse_prometheus_text
 from serving.repository.local import ModelRepository
 from serving.server.log_proxy import LogProxy
 from serving.server.monitoring import METRICS_PATH, REQUEST_LOG_COUNT
-from serving.server.request_log import RequestLogger, log_files, read_prediction_logs
+from serving.server.request_log import RequestLogger, failure_files, log_files, read_failures, read_prediction_logs
 from settings.config import RequestLogConfig
 from tests.serving.conftest import MODEL, ROW, save_tiny_model
+from tests.serving.test_failures import BAD_ROW, grpc_call, kept, rest_call, typed_grpc_request
 from tests.serving.test_request_log import grpc_request, verifier_and_user_predictions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -280,3 +282,24 @@ def test_the_proxy_leaves_the_verifiers_predictions_out_of_the_logs_and_counts_t
     assert counts == {"written": 2, "dropped": 0, "failed": 0, "verifier": 3}
     logged = [r for path in log_files(str(tmp_path / "logs"), MODEL) for r in read_prediction_logs(path)]
     assert [r.predict_log.request.model_spec.version_label for r in logged] == ["", ""]
+
+
+def test_the_proxy_keeps_what_tf_serving_refused_on_both_transports(upstream, tmp_path):
+    proxy = open_proxy(upstream, tmp_path / "logs")
+    try:
+        assert rest_call(proxy.rest_url, f"/v1/models/{MODEL}/versions/2:predict",
+                         json.dumps({"instances": [BAD_ROW, ROW]}).encode()) == 400
+        refused = grpc_call(proxy.grpc_target, typed_grpc_request([3.0], [9], tf.int32))
+        assert refused == grpc.StatusCode.INVALID_ARGUMENT
+        assert rest_call(proxy.rest_url, f"/v1/models/{MODEL}:predict", b"{not json", verifier=True) == 400
+        failures = kept(proxy.rest_url)
+        proxy.request_logger.flush()
+        logged = [f for path in failure_files(str(tmp_path / "logs"), MODEL) for f in read_failures(path)]
+    finally:
+        proxy.stop()
+    assert [(f["transport"], f["version"], f["code"], f["traffic"]) for f in failures] == [
+        ("rest", 2, "HTTP 400", "users"), ("grpc", None, "INVALID_ARGUMENT", "users"),
+        ("rest", None, "HTTP 400", "verifier")]
+    assert failures[0]["rows"] == [BAD_ROW, ROW] and failures[2]["rows"] == [{"body": "{not json"}]
+    assert "trip_start_hour" in failures[0]["message"] and failures[1]["rows"][0]["fare"] == 3.0
+    assert [f["code"] for f in logged] == ["HTTP 400", "INVALID_ARGUMENT"], "the verifier's stays out of the log"

@@ -25,6 +25,7 @@ from serving.server.grpc import codec as grpc_codec
 from serving.server.grpc import servicer as grpc_servicer
 from serving.server.grpc.servicer import PredictionServicer
 from serving.server.limits import AdmissionControl, max_json_items
+from serving.server.monitoring import RequestMetrics
 from serving.server.rest.app import RestApp
 from serving.server.rest.codec import leaf_type, parse_json_body
 from serving.server.rest.endpoints import RestApi
@@ -324,6 +325,11 @@ class EchoApi:
 
     def __init__(self, admission: AdmissionControl) -> None:
         self.admission = admission
+        self.metrics = RequestMetrics()
+        self.kept: list[tuple] = []  # RestApi.keep_failure's arguments: the refusals RestApp keeps
+
+    def keep_failure(self, *arguments) -> None:
+        self.kept.append(arguments)
 
     async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False) -> tuple[int, dict]:
         in_flight = [self.admission.requests, self.admission.bytes]
@@ -412,6 +418,7 @@ def test_rest_requests_past_the_in_flight_bound_get_503_while_status_is_still_an
     assert (status, headers["retry-after"], reads) == (503, "1", 1)  # the small body is drained: keep-alive
     assert "connection" not in headers
     assert answer["error"] == "Server is overloaded: 2 requests in flight, the limit is 2; retry with backoff."
+    assert app.api.kept == [("POST", PREDICT, None, "UNAVAILABLE", answer["error"], False)], "kept, without inputs"
     status, headers, answer, _ = asgi_exchange(app, "GET", [b""], length=0, path="/v1/models/m")
     assert (status, answer["method"], answer["in_flight"]) == (200, "GET", [2, 20])
     assert "connection" not in headers

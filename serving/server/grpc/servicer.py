@@ -30,6 +30,7 @@ from tensorflow_serving.apis import (
 from serving import is_verifier
 from serving.server.api_messages import SIGNATURE_DEF_FIELD, model_metadata_response, model_status_response
 from serving.server.errors import ServingRequestError, invalid_argument
+from serving.server.failures import rows_from_predict_request
 from serving.server.grpc.codec import _filled_vector, array_to_tensor_proto, tensor_proto_to_array
 from serving.server.limits import (
     AdmissionControl,
@@ -102,7 +103,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         try:  # gRPC itself refuses messages over max_request_bytes (RESOURCE_EXHAUSTED)
             self.admission.admit(len(data))
         except ServingRequestError as e:
-            self._record(data, e.code.name, started)
+            self._record(data, e.code.name, started, e.message, context, with_inputs=False)
             await context.abort(e.code, e.message)
         try:
             if len(data) > self.inline_bytes:  # a large message is sized up and parsed off the event loop
@@ -132,16 +133,26 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             status = _status_of(e, "Predict")
         finally:
             self.admission.release(len(data))
-        self._record(data, status[0].name, started)
+        self._record(data, status[0].name, started, status[1], context)
         await context.abort(*status)
 
-    def _record(self, data: bytes, status: str, started: float) -> None:
-        """Counts a failed Predict under the model its message names, as prediction_service_impl.cc does."""
+    def _record(self, data: bytes, status: str, started: float, message: str, context,
+                with_inputs: bool = True) -> None:
+        """Counts a failed Predict under the model its message names, as prediction_service_impl.cc does, and keeps
+        it, with its inputs unless it was refused unread (overload), for the rollout to name the cause
+        (serving/server/failures.py)."""
         try:
-            model = _wire_model_spec(data).name
+            spec = _wire_model_spec(data)
         except ServingRequestError:
             return
-        self.metrics.record(model, status, "Predict", "GRPC", time.perf_counter() - started)
+        self.metrics.record(spec.name, status, "Predict", "GRPC", time.perf_counter() - started)
+        try:
+            version = self._resolve(spec).version
+        except Exception:  # noqa: BLE001 - the model or version is what failed: no version answered
+            version = None
+        self.metrics.failures.add(spec.name, version, "grpc", status, message,
+                                  is_verifier(context.invocation_metadata() or ()),
+                                  rows_from_predict_request(data) if with_inputs else ([], 0))
 
     def _prepare(self, data: bytes) -> tuple[predict_pb2.PredictRequest, ServableVersion, dict[str, np.ndarray]]:
         """Checks the message's cost, parses it and builds the input arrays."""

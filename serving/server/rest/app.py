@@ -42,6 +42,10 @@ class RestApp:
         if method == "GET" and raw_path.split("?", 1)[0] == METRICS_PATH:
             await _send_text(send, self.api.metrics.text())
             return
+        failures = self.api.metrics.failures.answer(raw_path) if method == "GET" else None
+        if failures is not None:
+            await _send_json(send, *failures, False)
+            return
         length, chunked = _body_framing(scope["headers"])
         body_pending = chunked or length > 0
         try:
@@ -66,6 +70,7 @@ class RestApp:
         try:
             self.admission.admit(length)
         except ServingRequestError as e:
+            self.api.keep_failure(method, raw_path, None, e.code.name, e.message, is_verifier(headers))
             raise _EarlyAnswer(e.http_status, e.message, close=False) from e
         reservation = [length]  # grows with a chunked body
         try:

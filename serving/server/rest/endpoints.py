@@ -16,6 +16,7 @@ import numpy as np
 
 from serving.server.api_messages import message_to_json_dict, model_metadata_json, model_status_response
 from serving.server.errors import ServingRequestError, invalid_argument
+from serving.server.failures import rows_from_json_body
 from serving.server.limits import check_json_cost, max_json_depth, max_json_items
 from serving.server.model_manager import ModelManager
 from serving.server.monitoring import RequestMetrics
@@ -80,14 +81,31 @@ class RestApi:
             return 200, await self._dispatch(method, path, body, verifier)
         except ServingRequestError as e:
             status = e.code.name
+            self.keep_failure(method, path, body, status, e.message, verifier)
             return e.http_status, {"error": e.message}
         except Exception as e:  # noqa: BLE001 - one broken request must not take the server down
             status = "INTERNAL"
             logger.exception("internal error serving %s %s", method, path)
+            self.keep_failure(method, path, body, status, f"Internal error: {e}", verifier)
             return 500, {"error": f"Internal error: {e}"}
         finally:
             model, api = _model_and_api(method, path)
             self.metrics.record(model, status, api, "REST", time.perf_counter() - started)
+
+    def keep_failure(self, method: str, path: str, body: bytes | None, code: str, message: str,
+                     verifier: bool) -> None:
+        """A failed prediction with its inputs (none for a request refused unread, `body` None), for the rollout to
+        name the cause (serving/server/failures.py)."""
+        match = PREDICT_PATH.fullmatch(path) if method == "POST" else None
+        if match is None:
+            return
+        name, version, label = unquote(match.group(1)), match.group(2), match.group(3)
+        try:
+            answered = self.manager.resolve(name, _parse_version(version), label and unquote(label)).version
+        except Exception:  # noqa: BLE001 - the model or version is what failed: no version answered
+            answered = None
+        rows = rows_from_json_body(body) if body is not None else ([], 0)
+        self.metrics.failures.add(name, answered, "rest", code, message, verifier, rows)
 
     async def _dispatch(self, method: str, path: str, body: bytes, verifier: bool = False) -> dict[str, Any]:
         if method == "POST":

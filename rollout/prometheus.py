@@ -29,6 +29,7 @@ from rollout.metrics import (
     ModelCounters,
     Snapshot,
 )
+from serving.server.monitoring import VERIFIER_REQUEST_COUNT
 
 
 class PrometheusError(MetricsError, BackendError):
@@ -173,20 +174,36 @@ class PrometheusSource(MetricsSource):
 
     # ----------------------------------------------------------------------------------- figures over time
     def traffic(self, model: str, start: float, end: float, step_s: float | None = None) -> dict[str, Any]:
-        """Request rate (per second), error rate and p99 latency (ms) per track from `start` to `end`, as
-        Prometheus's query_range computes them: {"times": [...], "tracks": {track: {figure: [value or None]}}}."""
+        """Per track from `start` to `end`, as Prometheus's query_range computes them: the users' requests per second
+        (predictions and failed requests, less the verifier's predictions, which the servers count apart), their error
+        rate, the verifier's predictions per second, and the p99 latency (ms) of every prediction (a histogram
+        cannot be split after the fact): {"times": [...], "tracks": {track: {figure: [value or None]}}}."""
         step_s = step_s or max(self.scrape_interval_s, (end - start) / 200)
         window = f"{max(1000, int(1000 * max(4 * self.scrape_interval_s, 2 * step_s)))}ms"
         label = self.track_label
-        base = self.series(REQUEST_COUNT, model)
-        ok = self.series(REQUEST_COUNT, model, 'status="OK"')
         apis = _quote("(?i)" + "|".join(PREDICTION_APIS))
         latency = self.series(REQUEST_LATENCY_BUCKET, model, f"API=~{apis}")
-        total = f"sum by ({label}) (rate({base}[{window}]))"
+
+        def rate(selector: str) -> str:
+            return f"sum by ({label}) (rate({selector}[{window}]))"
+
+        total = rate(self.series(REQUEST_COUNT, model))
+
+        def or_zero(selector: str) -> str:
+            # Zero where a track counted requests but has no series of this kind (no error, no verifier yet).
+            return f"({rate(selector)} or {total} * 0)"
+
+        not_ok, every = 'status!="OK"', 'le="+Inf"'
+        predictions = or_zero(self.series(REQUEST_LATENCY_BUCKET, model, f"API=~{apis}", every))
+        failed = or_zero(self.series(REQUEST_COUNT, model, not_ok))
+        verifier = self.series(VERIFIER_REQUEST_COUNT, model)
+        # Each rate is extrapolated over its own samples: a difference of two can dip below zero by a little.
+        users = f"clamp_min({predictions} + {failed} - {or_zero(verifier)}, 0)"
+        user_errors = f"clamp_min({failed} - {or_zero(self.series(VERIFIER_REQUEST_COUNT, model, not_ok))}, 0)"
         queries = {
-            "requests_per_second": total,
-            # 1 - OK / all: defined wherever requests were counted, with or without an error series.
-            "error_rate": f"1 - (sum by ({label}) (rate({ok}[{window}])) or {total} * 0) / {total}",
+            "user_requests_per_second": users,
+            "error_rate": f"clamp_max({user_errors} / {users}, 1)",
+            "verifier_requests_per_second": rate(verifier),
             "p99_ms": f"histogram_quantile(0.99, sum by ({label}, le) (rate({latency}[{window}]))) / 1000",
         }
         count = int(math.floor((end - start) / step_s)) + 1

@@ -112,7 +112,9 @@ def _chart(rows: list[dict[str, Any]]) -> str:
 
 
 _TRACK_COLORS = {"stable": "#0969da", "canary": "#bf8700"}
-_FIGURES = (("requests_per_second", "requests per second", "{:.1f}"), ("error_rate", "error rate", "{:.3f}"),
+_FIGURES = (("user_requests_per_second", "user requests per second", "{:.1f}"),
+            ("error_rate", "users' error rate", "{:.3f}"),
+            ("verifier_requests_per_second", "verifier requests per second", "{:.1f}"),
             ("p99_ms", "p99 latency (ms)", "{:.1f}"))
 
 
@@ -246,11 +248,13 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
         panels.append("".join(parts))
     legend = " ".join(f"<span style='color:{_TRACK_COLORS.get(t, '#666')}'>&#9632; {_e(t)}</span>"
                       for t in sorted(traffic["tracks"]))
-    return (f"<p>{legend}: what the servers counted, from Prometheus, over clock time (UTC). The canary's figures hold "
-            "the verifier's golden requests beside the users' (the servers' metrics do not tell them apart; the table "
-            "above counts each). As TF Serving's request_count does, the error rate counts status and metadata "
-            "requests too, so the controller's polls for a version still loading (NOT_FOUND) show where a track has "
-            "little traffic.</p>" + "<br>".join(panels))
+    return (f"<p>{legend}: what the servers counted, from Prometheus, over clock time (UTC). The users' requests are "
+            "the predictions and failed requests less the verifier's predictions, which the servers count apart "
+            "(:mlops:serving:verifier_request_count) and which are charted on their own. As TF Serving's "
+            "request_count counts every failed request, failed status and metadata reads count as the users' errors "
+            "too: the controller's polls for a version still loading (NOT_FOUND) show where a track has little "
+            "traffic. The p99 is of every prediction, the verifier's included: a histogram cannot be split after "
+            "the fact.</p>" + "<br>".join(panels))
 
 
 def _watch_table(record: dict[str, Any]) -> list[str]:

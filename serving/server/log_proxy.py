@@ -37,7 +37,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_p
 from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits, is_verifier
 from serving.server.failures import RecentFailures, rows_from_json_body, rows_from_predict_request
 from serving.server.grpc.servicer import MAX_RESPONSE_BYTES
-from serving.server.monitoring import METRICS_PATH, RequestLogMetrics
+from serving.server.monitoring import METRICS_PATH, RequestLogMetrics, VerifierRequestCount
 from serving.server.request_log import LoggedPrediction, RequestLogger, predict_messages_from_arrays, wire_model_spec
 from serving.server.rest.codec import inputs_to_arrays, instances_to_arrays, parse_json_body
 from serving.server.rest.endpoints import PREDICT_PATH, _parse_version
@@ -233,13 +233,15 @@ class RestForwarder:
     """ASGI app: every request to TF Serving's REST port, its answer back unchanged; sampled predictions logged."""
 
     def __init__(self, upstream: HttpUpstream, limits: ServingLimits, request_logger: RequestLogger | None,
-                 signatures: SignatureSource | None, metrics: RequestLogMetrics, failures: RecentFailures) -> None:
+                 signatures: SignatureSource | None, metrics: RequestLogMetrics, failures: RecentFailures,
+                 verifier_requests: VerifierRequestCount) -> None:
         self.upstream = upstream
         self.limits = limits
         self.request_logger = request_logger
         self.signatures = signatures
         self.metrics = metrics
         self.failures = failures
+        self.verifier_requests = verifier_requests
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -269,13 +271,22 @@ class RestForwarder:
                 "retry once it is up."))
             return
         if method == "GET" and path == METRICS_PATH and status == 200:
-            answer += self.metrics.text().encode()
+            answer += (self.metrics.text() + self.verifier_requests.text()).encode()
         await _send(send, status, [(n, v) for n, v in headers if n not in HOP_BY_HOP and n not in SERVER_SET],
                     answer)
+        verifier = is_verifier(scope["headers"])
+        if verifier and method == "POST":
+            self._count_verifier(path, status)
         if status == 200 and method == "POST" and self.request_logger is not None:
-            self._maybe_log(path, body, answer, is_verifier(scope["headers"]))
+            self._maybe_log(path, body, answer, verifier)
         elif status != 200 and method == "POST":
-            self._keep_failure(path, body, status, answer, is_verifier(scope["headers"]))
+            self._keep_failure(path, body, status, answer, verifier)
+
+    def _count_verifier(self, path: str, status: int) -> None:
+        """The verifier's prediction, counted apart (TF Serving's request_count counts it with the users')."""
+        match = PREDICT_PATH.fullmatch(path)
+        if match is not None and match.group(4).lower() == "predict":
+            self.verifier_requests.count(unquote(match.group(1)), "OK" if status == 200 else f"HTTP {status}")
 
     def _keep_failure(self, path: str, body: bytes, status: int, answer: bytes, verifier: bool) -> None:
         """A prediction TF Serving refused, with its inputs. TF Serving's REST answer names neither the version nor
@@ -333,10 +344,11 @@ class GrpcForwarder(grpc.GenericRpcHandler):
     """Every unary gRPC method (all of TF Serving's PredictionService and ModelService), forwarded as bytes."""
 
     def __init__(self, channel: grpc.aio.Channel, request_logger: RequestLogger | None,
-                 failures: RecentFailures) -> None:
+                 failures: RecentFailures, verifier_requests: VerifierRequestCount) -> None:
         self.channel = channel
         self.request_logger = request_logger
         self.failures = failures
+        self.verifier_requests = verifier_requests
         self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
     def service(self, handler_call_details):
@@ -354,9 +366,13 @@ class GrpcForwarder(grpc.GenericRpcHandler):
         except grpc.aio.AioRpcError as e:
             if method == PREDICT_METHOD:
                 self._keep_failure(request, e, metadata)
+                if is_verifier(metadata):
+                    self._count_verifier(request, e.code().name)
             await context.abort(e.code(), e.details() or "", _user_metadata(e.trailing_metadata()))
+        verifier = is_verifier(metadata)
+        if method == PREDICT_METHOD and verifier:
+            self._count_verifier(request, "OK")
         if method == PREDICT_METHOD and self.request_logger is not None:
-            verifier = is_verifier(metadata)
             if not verifier and not self.request_logger.sample():
                 return response
             try:
@@ -369,6 +385,11 @@ class GrpcForwarder(grpc.GenericRpcHandler):
                 self.request_logger.submit(model, functools.partial(grpc_prediction, request, response))
         return response
 
+    def _count_verifier(self, request: bytes, status: str) -> None:
+        try:
+            self.verifier_requests.count(wire_model_spec(request, 1).name, status)
+        except Exception:  # noqa: BLE001 - a message TF Serving could not parse names no model
+            return
 
     def _keep_failure(self, request: bytes, error: grpc.aio.AioRpcError, metadata: list) -> None:
         try:
@@ -408,6 +429,7 @@ class LogProxy:
         self.limits = limits or ServingLimits()
         self.metrics = request_logger.metrics if request_logger is not None else RequestLogMetrics()
         self.failures = RecentFailures()
+        self.verifier_requests = VerifierRequestCount()
         if request_logger is not None:
             self.failures.on_users_failure = request_logger.submit_failure
         self.metadata_ttl_s = metadata_ttl_s
@@ -444,14 +466,14 @@ class LogProxy:
                 ("grpc.max_send_message_length", self.limits.max_request_bytes),
                 ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)])
             forwarder = RestForwarder(self._upstream, self.limits, self.request_logger, self._signatures,
-                                      self.metrics, self.failures)
+                                      self.metrics, self.failures, self.verifier_requests)
             self._rest = RestServer(forwarder, sock, self.limits)
             self.rest_port = self._rest.port
             await self._rest.start()
             self._grpc_server = grpc.aio.server(options=[*message_limits, ("grpc.so_reuseport", 0)],
                                                 maximum_concurrent_rpcs=self.limits.max_in_flight_requests)
             self._grpc_server.add_generic_rpc_handlers(
-                (GrpcForwarder(self._channel, self.request_logger, self.failures),))
+                (GrpcForwarder(self._channel, self.request_logger, self.failures, self.verifier_requests),))
             self.grpc_port = self._grpc_server.add_insecure_port(f"{self.host}:{grpc_port}")
             if self.grpc_port == 0:
                 raise OSError(f"Could not bind gRPC to {self.host}:{grpc_port}; is the port in use?")

@@ -4,7 +4,8 @@ rollout/metrics.py for the source files): `:tensorflow:serving:request_count{mod
 request that names a model, and the histogram `:tensorflow:serving:request_latency{model_name,API,entrypoint}` of
 successful ones, in microseconds with buckets 10 * 1.8^i; and with request logging on (serving/server/request_log.py),
 `:mlops:serving:request_log_count{model_name,status}` of sampled predictions written, dropped (the writer's queue was
-full) or failed (the write raised)."""
+full) or failed (the write raised); and `:mlops:serving:verifier_request_count{model_name,status}`, the predictions
+the rollout's verifier sent (serving.TRAFFIC_HEADER), which request_count counts too: the users' are the difference."""
 from __future__ import annotations
 
 import bisect
@@ -17,6 +18,7 @@ METRICS_PATH = "/monitoring/prometheus/metrics"
 # (core/request_logger.cc, util/prometheus_exporter.cc GeneratePage, 2.16.1), and `mlops log-proxy` appends this
 # family to that page, where a second declaration of one name would make Prometheus reject the whole scrape.
 REQUEST_LOG_COUNT = ":mlops:serving:request_log_count"
+VERIFIER_REQUEST_COUNT = ":mlops:serving:verifier_request_count"
 # verifier: predictions the rollout's verifier sent (serving.TRAFFIC_HEADER), left out of the logs.
 REQUEST_LOG_STATUSES = ("written", "dropped", "failed", "verifier")
 # TF Serving's request_latency buckets (servables/tensorflow/util.cc: ExponentialBuckets(10, 1.8, 33)).
@@ -37,13 +39,18 @@ class RequestMetrics:
         self._latency: dict[tuple[str, str, str], tuple[list[int], float]] = {}
         # What the request logger did with the sampled predictions: on the same page.
         self.request_log = RequestLogMetrics()
+        self.verifier = VerifierRequestCount()
         # The newest failed predictions with their inputs, read at FAILURES_PATH beside this page.
         self.failures = RecentFailures()
 
-    def record(self, model: str, status: str, api: str, entrypoint: str, seconds: float) -> None:
-        """One request naming `model` ended with canonical code `status` ("OK" for success) after `seconds`."""
+    def record(self, model: str, status: str, api: str, entrypoint: str, seconds: float,
+               verifier: bool = False) -> None:
+        """One request naming `model` ended with canonical code `status` ("OK" for success) after `seconds`;
+        `verifier`: a prediction the rollout's verifier marked, counted apart as well."""
         if not model:
             return
+        if verifier:
+            self.verifier.count(model, status)
         micros = seconds * 1e6
         with self._lock:
             self._requests[(model, status)] = self._requests.get((model, status), 0) + 1
@@ -72,7 +79,32 @@ class RequestMetrics:
                 lines.append(f':tensorflow:serving:request_latency_bucket{{{labels},le="{le}"}} {cumulative}')
             lines.append(f":tensorflow:serving:request_latency_sum{{{labels}}} {total:.17g}")
             lines.append(f":tensorflow:serving:request_latency_count{{{labels}}} {cumulative}")
-        return "\n".join(lines) + "\n" + self.request_log.text()
+        return "\n".join(lines) + "\n" + self.request_log.text() + self.verifier.text()
+
+
+class VerifierRequestCount:
+    """The rollout verifier's predictions by model and status, which request_count and the latency histogram count
+    too: a chart of the users' traffic subtracts them (rollout/prometheus.py PrometheusSource.traffic)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count(self, model: str, status: str) -> None:
+        with self._lock:
+            self._counts[(model, status)] = self._counts.get((model, status), 0) + 1
+
+    def text(self) -> str:
+        """The family in the Prometheus text format; empty until the verifier sent a prediction."""
+        with self._lock:
+            counts = sorted(self._counts.items())
+        if not counts:
+            return ""
+        lines = [f"# TYPE {VERIFIER_REQUEST_COUNT} counter"]
+        for (model, status), count in counts:
+            lines.append(f'{VERIFIER_REQUEST_COUNT}{{model_name="{_escape(model)}",status="{_escape(status)}"}} '
+                         f"{count}")
+        return "\n".join(lines) + "\n"
 
 
 class RequestLogMetrics:

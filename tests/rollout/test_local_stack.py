@@ -240,15 +240,22 @@ def test_a_good_version_moves_real_traffic_step_by_step_and_is_promoted(stack):
     page = write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)
     rendered = render(Path(page))
     assert rendered.console == []
-    assert rendered.charts == {"traffic-requests_per_second": 1, "traffic-error_rate": 1, "traffic-p99_ms": 1}
+    assert rendered.charts == {"traffic-user_requests_per_second": 1, "traffic-error_rate": 1,
+                               "traffic-verifier_requests_per_second": 1, "traffic-p99_ms": 1}
     traffic = traffic_of(record, backend.metrics.inner)
-    canary_rate = [v for v in traffic["tracks"]["canary"]["requests_per_second"] if v]
+    canary = traffic["tracks"]["canary"]
+    canary_rate = [v for v in canary["user_requests_per_second"] if v]
+    # The verifier's requests apart: at 0% its window and golden rows reach the canary, and no user does.
+    apart = [(u, v) for u, v in zip(canary["user_requests_per_second"], canary["verifier_requests_per_second"],
+                                    strict=True) if v is not None and v > 5]
+    print(f"canary points with the verifier over 5 requests/s (users, verifier): {apart[:5]}")
+    assert apart and min(u for u, _ in apart) < 1, "a point where only the verifier reached the canary"
     errors = [v for figures in traffic["tracks"].values() for v in figures["error_rate"] if v is not None]
     print(f"traffic chart: {len(traffic['times'])} points, canary peak {max(canary_rate):.1f} requests/s, "
           f"highest error rate {max(errors):.3f} (the controller's status polls for a version still loading)")
     assert canary_rate and max(canary_rate) > 10 and errors and all(0 <= v <= 1 for v in errors)
-    assert rendered.dom.count("verified, to ") == 9 and rendered.dom.count("verified, promote</text>") == 3
-    assert rendered.dom.count("PROMOTED</text>") == 3
+    assert rendered.dom.count("verified, to ") == 12 and rendered.dom.count("verified, promote</text>") == 4
+    assert rendered.dom.count("PROMOTED</text>") == 4
 
 
 def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(stack):
@@ -277,8 +284,8 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
     assert_exact_windows(backend, record)
     time.sleep(1.0)
     rendered = render(Path(write_report(stack["root"] / "reports", record, metrics=backend.metrics.inner)))
-    assert rendered.console == [] and len(rendered.charts) == 3
-    assert rendered.dom.count("10% failed</text>") == 3 and rendered.dom.count("ROLLED BACK</text>") == 3
+    assert rendered.console == [] and len(rendered.charts) == 4
+    assert rendered.dom.count("10% failed</text>") == 4 and rendered.dom.count("ROLLED BACK</text>") == 4
     traffic = traffic_of(record, backend.metrics.inner)
     canary_errors = [v for v in traffic["tracks"]["canary"]["error_rate"] if v]
     assert canary_errors and max(canary_errors) > 0.05, "the chart shows the canary's errors"
@@ -288,7 +295,7 @@ def test_a_canary_that_answers_errors_is_rolled_back_and_only_its_answers_fail(s
                                                                                        record["stable"])
     assert watch["window"]["errors"] == 0 and watch["window"]["predictions"] >= 20, watch
     [routed_back] = [_seconds(e["at"]) for e in record["events"] if e.get("next") == "rollback_canary_load"]
-    after = [v for t, v in zip(traffic["times"], traffic["tracks"]["stable"]["requests_per_second"], strict=True)
+    after = [v for t, v in zip(traffic["times"], traffic["tracks"]["stable"]["user_requests_per_second"], strict=True)
              if t > routed_back + 1 and v]
     assert after, "the chart shows stable's traffic after the rollback"
 

@@ -30,8 +30,8 @@ def record_with_windows(offsets: list[tuple[float, int, bool]], end: float) -> d
 
 def traffic(seconds: int) -> dict:
     times = [T0 + i for i in range(seconds + 1)]
-    figures = {"requests_per_second": [5.0] * len(times), "error_rate": [0.0] * len(times),
-               "p99_ms": [12.0] * len(times)}
+    figures = {"user_requests_per_second": [5.0] * len(times), "error_rate": [0.0] * len(times),
+               "verifier_requests_per_second": [1.0] * len(times), "p99_ms": [12.0] * len(times)}
     return {"times": times, "tracks": {"stable": figures, "canary": dict(figures)}}
 
 
@@ -69,7 +69,8 @@ def test_step_labels_close_together_stack_instead_of_overlapping_in_a_browser(tm
     # Three verifications a second apart on a 10-minute chart, then the verdict: the labels would share 20 pixels.
     record = record_with_windows([(100, 10, False), (101, 10, False), (102, 50, True)], end=103)
     charts = measured(tmp_path, render_html(record, traffic(600)))
-    assert set(charts) == {"traffic-requests_per_second", "traffic-error_rate", "traffic-p99_ms"}
+    assert set(charts) == {"traffic-user_requests_per_second", "traffic-error_rate",
+                           "traffic-verifier_requests_per_second", "traffic-p99_ms"}
     for chart in charts.values():
         labels = chart["labels"]
         assert [label["text"] for label in labels] == ["10% verified, to 50%", "10% verified, to 50%",
@@ -94,10 +95,10 @@ def test_labels_far_apart_share_one_row_and_the_last_ends_at_its_line(tmp_path):
 def test_the_axis_is_clock_time():
     page = render_html(record_with_windows([(100, 10, False)], end=600), traffic(600))
     ticks = re.findall(r'data-tick="(\d+)">(\d\d:\d\d:\d\d)<', page)
-    # 600 s: a tick every 2 minutes, on the minute, in each of the three panels.
+    # 600 s: a tick every 2 minutes, on the minute, in each of the four panels.
     assert ticks[:5] == [("1796000040", "00:54:00"), ("1796000160", "00:56:00"), ("1796000280", "00:58:00"),
                          ("1796000400", "01:00:00"), ("1796000520", "01:02:00")]
-    assert len(ticks) == 15 and page.count(">UTC</text>") == 3
+    assert len(ticks) == 20 and page.count(">UTC</text>") == 4
     assert " s</text>" not in page, "no seconds from the start"
 
 

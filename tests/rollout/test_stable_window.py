@@ -12,7 +12,7 @@ from rollout.controller import UserError
 from rollout.metrics import MetricsError
 from rollout.report import render_html
 from rollout.verify import MIN_SHARE_REQUESTS
-from tests.rollout.memory import ScriptedMetrics, ScriptedVerifier, counters
+from tests.rollout.memory import MODEL, ScriptedMetrics, ScriptedVerifier, counters
 from tests.rollout.test_phases import Fleet
 from tests.rollout.test_verify_gate import LIMITS, SENT, build, failing_on, snap
 
@@ -23,17 +23,20 @@ def stable_window(tmp_path, before, after):
     figures = verifier.stable_window(3)
     assert per_server["http://stable"][0].calls == 0, "the users' requests are judged: the verifier sends none"
     assert source.calls[0] is None and source.calls[1] is not None, "the second snapshot waits for a scrape"
+    assert source.models == [MODEL, MODEL]
     return figures
 
 
-@pytest.mark.parametrize("p99, verdict", [(249.9, "passed"), (250.1, "failed")])
+@pytest.mark.parametrize("p99, verdict", [(249.9, "passed"), (250.0, "passed"), (250.1, "failed")])
 def test_the_first_users_of_the_stable_servers_are_judged_on_the_p99_limit(tmp_path, p99, verdict):
     # 980 of 1000 predictions in the 1 ms bucket, 20 in the next: the p99 lies half way through it (rank 990).
     bound_us = 1000.0 + (p99 * 1000.0 - 1000.0) / 0.5
     after = snap({}, {"s-0": counters(ok=1000, latency_us={1000.0: 980, bound_us: 1000, math.inf: 1000})})
     figures = stable_window(tmp_path, snap({}, {"s-0": counters()}), after)
     assert figures["p99_ms"] == pytest.approx(p99, abs=1e-6) and figures["verdict"] == verdict, figures
-    assert (figures["traffic"], figures["version"], figures["predictions"]) == ("users", 3, 1000)
+    assert {k: v for k, v in figures.items() if k not in ("p99_ms", "error")} == {
+        "source": "prometheus", "traffic": "users", "version": 3, "seconds": 1.0, "requests": 1000, "errors": 0,
+        "error_rate": 0.0, "predictions": 1000, "verdict": verdict}
     if verdict == "failed":
         assert figures["error"] == (f"p99 latency {p99:.1f} ms of version 3 on the stable servers in the 1s after "
                                     "all traffic moved there > rollout.max_p99_ms 250.0")
@@ -67,11 +70,14 @@ def test_figures_that_cannot_be_trusted_are_inconclusive(tmp_path):
 @pytest.mark.parametrize("errors, verdict", [(0, "passed"), (1, "failed")])
 def test_without_metrics_the_verifier_asks_the_stable_servers_for_the_version(tmp_path, errors, verdict):
     limits = type(LIMITS)(**{**LIMITS.__dict__, "max_error_rate": 0.0})
-    verifier, per_server, _ = build(tmp_path, limits=limits)
-    per_server["http://stable"] = (failing_on(set(range(1, errors + 1))),) * 2
+    verifier, per_server, clock = build(tmp_path, limits=limits)
+    # The last answer takes 1.2345678 ms: the p99 of 8 latencies is the largest, kept to microseconds.
+    latency = {SENT - errors: 1.2345678}
+    per_server["http://stable"] = (failing_on(set(range(1, errors + 1)), latency, clock),) * 2
     figures = verifier.stable_window(3)
-    assert (figures["source"], figures["requests"], figures["errors"], figures["verdict"]) == (
-        "verifier", SENT, errors, verdict)
+    assert {k: v for k, v in figures.items() if k != "error"} == {
+        "source": "verifier", "traffic": "verifier", "version": 3, "requests": SENT, "errors": errors,
+        "error_rate": errors / SENT, "p99_ms": 1.235, "seconds": 1.0, "verifier_requests": SENT, "verdict": verdict}
     assert {version for _, version, _ in per_server["http://stable"][0].requests} == {3}
     assert per_server["http://canary-0"][0].calls == 0
 
@@ -105,6 +111,15 @@ def test_a_promotion_is_watched_once_and_every_rollback_shows_the_recovery(tmp_p
     assert (watch["after"], watch["window"]["verdict"]) == ("promotion", "passed")
     failed = ScriptedVerifier(fail_at=(50,))
     assert fleet.controller(failed).start(3)["outcome"] == "rolled_back" and failed.stable_windows == [2]
+
+
+def test_one_verifier_serves_the_steps_and_the_window_after_promotion(tmp_path):
+    fleet = Fleet(tmp_path)
+    verifier, made = ScriptedVerifier(), []
+    controller = fleet.controller(verifier)
+    controller.verifier_factory = lambda: made.append(verifier) or verifier
+    assert controller.start(2)["outcome"] == "promoted" and verifier.stable_windows == [2]
+    assert len(made) == 1, "golden rows are read once per command"
 
 
 def test_golden_rows_that_cannot_be_read_do_not_stop_a_rollback_from_finishing(tmp_path):

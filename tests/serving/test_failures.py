@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.request
 
 import grpc
 import numpy as np
@@ -63,7 +64,6 @@ def grpc_call(target: str, body: bytes, verifier: bool = False) -> grpc.StatusCo
 
 def rest_call(base_url: str, path: str, body: bytes, verifier: bool = False) -> int:
     import urllib.error
-    import urllib.request
 
     headers = {"Content-Type": "application/json", **({TRAFFIC_HEADER: VERIFIER_TRAFFIC} if verifier else {})}
     request = urllib.request.Request(base_url + path, data=body, method="POST", headers=headers)
@@ -194,3 +194,25 @@ def test_a_process_keeps_the_newest_failures_and_cuts_long_messages():
     assert [f.time for f in failures.of_model(MODEL)] == [2.0, 3.0, 4.0]
     assert failures.of_model(MODEL)[-1].message == "m" * 1024 + "..."
     assert [f.rows[0]["i"] for f in seen] == [0, 1, 2, 4], "the verifier's failure is not handed to the log"
+
+
+def verifier_counts(page_url: str) -> dict[str, float]:
+    from rollout.metrics import parse_prometheus_text
+    from serving.server.monitoring import VERIFIER_REQUEST_COUNT
+
+    with urllib.request.urlopen(f"{page_url}/monitoring/prometheus/metrics", timeout=10) as response:
+        samples = parse_prometheus_text(response.read().decode())
+    return {s.labels["status"]: s.value for s in samples if s.name == VERIFIER_REQUEST_COUNT
+            and s.labels["model_name"] == MODEL}
+
+
+def test_the_verifiers_predictions_are_counted_apart_on_the_metrics_page(server):
+    from tests.serving.test_request_log import verifier_and_user_predictions
+
+    verifier_and_user_predictions(server.rest_url, server.grpc_target)  # 2 of the users', 3 of the verifier's
+    assert rest_call(server.rest_url, f"/v1/models/{MODEL}:predict", b"{not json", verifier=True) == 400
+    assert grpc_call(server.grpc_target, typed_grpc_request([1.0], [7], tf.int32), verifier=True) \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert rest_call(server.rest_url, f"/v1/models/{MODEL}:predict", b"{not json") == 400  # a user's: not counted
+    http_json("GET", f"{server.rest_url}/v1/models/{MODEL}")  # a status read: not a prediction
+    assert verifier_counts(server.rest_url) == {"OK": 3, "INVALID_ARGUMENT": 2}

@@ -28,7 +28,7 @@ from serving.server.monitoring import METRICS_PATH, REQUEST_LOG_COUNT
 from serving.server.request_log import RequestLogger, failure_files, log_files, read_failures, read_prediction_logs
 from settings.config import RequestLogConfig
 from tests.serving.conftest import MODEL, ROW, save_tiny_model
-from tests.serving.test_failures import BAD_ROW, grpc_call, kept, rest_call, typed_grpc_request
+from tests.serving.test_failures import BAD_ROW, grpc_call, kept, rest_call, typed_grpc_request, verifier_counts
 from tests.serving.test_request_log import grpc_request, verifier_and_user_predictions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -303,3 +303,12 @@ def test_the_proxy_keeps_what_tf_serving_refused_on_both_transports(upstream, tm
     assert failures[0]["rows"] == [BAD_ROW, ROW] and failures[2]["rows"] == [{"body": "{not json"}]
     assert "trip_start_hour" in failures[0]["message"] and failures[1]["rows"][0]["fare"] == 3.0
     assert [f["code"] for f in logged] == ["HTTP 400", "INVALID_ARGUMENT"], "the verifier's stays out of the log"
+
+
+def test_the_proxy_counts_the_verifiers_predictions_apart(proxy):
+    verifier_and_user_predictions(proxy.rest_url, proxy.grpc_target)  # 2 of the users', 3 of the verifier's
+    assert rest_call(proxy.rest_url, f"/v1/models/{MODEL}:predict", b"{not json", verifier=True) == 400
+    refused = grpc_call(proxy.grpc_target, typed_grpc_request([1.0], [7], tf.int32), verifier=True)
+    assert refused == grpc.StatusCode.INVALID_ARGUMENT
+    assert rest_call(proxy.rest_url, f"/v1/models/{MODEL}:predict", b"{not json") == 400  # a user's: not counted
+    assert verifier_counts(proxy.rest_url) == {"OK": 3, "HTTP 400": 1, "INVALID_ARGUMENT": 1}

@@ -121,8 +121,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             for name, value in outputs.items():
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             answer = response.SerializeToString()
-            self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started)
-            if self.request_logger is not None and is_verifier(context.invocation_metadata() or ()):
+            verifier = is_verifier(context.invocation_metadata() or ())
+            self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started,
+                                verifier)
+            if self.request_logger is not None and verifier:
                 self.request_logger.leave_out_verifier(servable.model_name)
             elif self.request_logger is not None and self.request_logger.sample():
                 # The messages as they crossed the wire: nothing to build but the record around them.
@@ -145,13 +147,13 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             spec = _wire_model_spec(data)
         except ServingRequestError:
             return
-        self.metrics.record(spec.name, status, "Predict", "GRPC", time.perf_counter() - started)
+        verifier = is_verifier(context.invocation_metadata() or ())
+        self.metrics.record(spec.name, status, "Predict", "GRPC", time.perf_counter() - started, verifier)
         try:
             version = self._resolve(spec).version
         except Exception:  # noqa: BLE001 - the model or version is what failed: no version answered
             version = None
-        self.metrics.failures.add(spec.name, version, "grpc", status, message,
-                                  is_verifier(context.invocation_metadata() or ()),
+        self.metrics.failures.add(spec.name, version, "grpc", status, message, verifier,
                                   rows_from_predict_request(data) if with_inputs else ([], 0))
 
     def _prepare(self, data: bytes) -> tuple[predict_pb2.PredictRequest, ServableVersion, dict[str, np.ndarray]]:

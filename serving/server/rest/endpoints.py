@@ -90,7 +90,7 @@ class RestApi:
             return 500, {"error": f"Internal error: {e}"}
         finally:
             model, api = _model_and_api(method, path)
-            self.metrics.record(model, status, api, "REST", time.perf_counter() - started)
+            self.metrics.record(model, status, api, "REST", time.perf_counter() - started, verifier and bool(api))
 
     def keep_failure(self, method: str, path: str, body: bytes | None, code: str, message: str,
                      verifier: bool) -> None:

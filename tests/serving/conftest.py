@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import tensorflow as tf
 
 from serving.repository.local import ModelRepository
 from serving.server.model_server import ModelServer
+from serving.server.request_log import RequestLogger
+from settings.config import RequestLogConfig
 
 MODEL = "tiny"
 # Each version's bias: far enough apart that a response tells which version answered.
@@ -91,6 +94,18 @@ def start_server(repository: ModelRepository, **options) -> ModelServer:
 def server(repository) -> ModelServer:
     """A running server over `repository` (batches of at most 8 rows; a failed load is retried twice)."""
     model_server = start_server(repository)
+    try:
+        yield model_server
+    finally:
+        model_server.stop()
+
+
+@pytest.fixture
+def logged_server(repository, tmp_path) -> ModelServer:
+    """A server over `repository` (stable=1, canary=2) logging every prediction under tmp_path/logs."""
+    logger = RequestLogger(RequestLogConfig(enabled=True), str(tmp_path / "logs"), random_source=random.Random(0))
+    model_server = start_server(repository, request_logger=logger)
+    model_server.wait_until_available(MODEL, 2)
     try:
         yield model_server
     finally:

@@ -5,12 +5,10 @@ The proxy's side is in test_log_proxy.py."""
 from __future__ import annotations
 
 import json
-import random
 import urllib.request
 
 import grpc
 import numpy as np
-import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
@@ -26,9 +24,8 @@ from serving.server.failures import (
     rows_from_json_body,
     rows_from_predict_request,
 )
-from serving.server.request_log import FAILURE_FILE_NAME, RequestLogger, failure_files, log_files, read_failures
-from settings.config import RequestLogConfig
-from tests.serving.conftest import MODEL, ROW, http_json, start_server
+from serving.server.request_log import FAILURE_FILE_NAME, failure_files, log_files, read_failures
+from tests.serving.conftest import MODEL, ROW, http_json
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 # The tiny model's trip_start_hour is int64: a string there is refused before the model runs.
@@ -72,17 +69,6 @@ def rest_call(base_url: str, path: str, body: bytes, verifier: bool = False) -> 
             return response.status
     except urllib.error.HTTPError as e:
         return e.code
-
-
-@pytest.fixture
-def logged_server(repository, tmp_path):
-    logger = RequestLogger(RequestLogConfig(enabled=True), str(tmp_path / "logs"), random_source=random.Random(0))
-    server = start_server(repository, request_logger=logger)
-    server.wait_until_available(MODEL, 2)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_failed_rest_and_grpc_predictions_are_kept_with_their_inputs_and_answered_as_json(logged_server, tmp_path):

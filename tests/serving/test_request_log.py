@@ -67,18 +67,6 @@ def log_counts(server) -> dict[str, float]:
             and s.labels["model_name"] == MODEL}
 
 
-@pytest.fixture
-def logged_server(repository, tmp_path):
-    """A server over `repository` (stable=1, canary=2) logging every prediction under tmp_path/logs."""
-    logger = RequestLogger(settings(), str(tmp_path / "logs"), random_source=random.Random(0))
-    server = start_server(repository, request_logger=logger)
-    server.wait_until_available(MODEL, 2)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_rest_and_grpc_predictions_decode_to_model_version_label_and_tensors(logged_server, tmp_path):
     server = logged_server
     second = {"fare": 10.0, "trip_start_hour": 20, "payment_type": "Credit Card"}

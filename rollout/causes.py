@@ -40,7 +40,10 @@ def summarize_failures(failures: list[dict[str, Any]], traffic: str) -> dict[str
 def failure_causes(backend: Backend, model: str, version: int, since: float, traffic: str) -> dict[str, Any]:
     """The causes of the failures the canary track's servers kept for `version` since `since` (seconds since 1970);
     servers that could not be read are named under `unread`."""
-    failures, unread = backend.failures(model, "canary", version, since)
+    try:
+        failures, unread = backend.failures(model, "canary", version, since)
+    except Exception as e:  # noqa: BLE001 - the causes inform; they must never keep a failed step from rolling back
+        failures, unread = [], [f"the canary's servers could not be listed ({type(e).__name__}: {e})"]
     causes = summarize_failures(failures, traffic)
     if unread:
         causes["unread"] = unread

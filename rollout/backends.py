@@ -112,6 +112,25 @@ class Backend(ABC):
     def canary_weight(self) -> int:
         """The canary track's current share of the traffic, in percent."""
 
+    def can_mirror(self) -> bool:
+        """Whether the router can copy requests to the canary (the shadow step, rollout/mirror.py)."""
+        return False
+
+    def set_shadow_percent(self, percent: int) -> None:
+        """Copies `percent` of the requests to the canary track besides routing them (0: none)."""
+        if percent:
+            raise BackendError(f"the {self.name} backend's router cannot mirror requests; set rollout.shadow.percent "
+                               "to 0.")
+
+    def shadow_percent(self) -> int:
+        """The share of the requests copied to the canary, in percent, as the router applies it."""
+        return 0
+
+    def publication(self, model: str, version: int) -> dict[str, Any]:
+        """What the version's publication.json says (its task and calibrated threshold); empty where it cannot be
+        read."""
+        return {}
+
     @abstractmethod
     def check_version(self, model: str, version: int) -> None:
         """Raises BackendError when `version` cannot be rolled out (not published, files changed)."""
@@ -123,10 +142,11 @@ class Backend(ABC):
 
 class LocalBackend(Backend):
     """`mlops serve --model-config <repo>/models.config` (stable) and `--model-config <repo>/models.canary.config`
-    (canary) processes. With the local stack (`mlops deploy local`, rollout/local_stack.py) the weight is
-    HAProxy's, set and read back through its admin socket, and `metrics` is its Prometheus; without it the weight is
-    only recorded (<repo>/.rollouts/<model>-routes.json) and the verifier's own requests are what a window measures.
-    The recorded weight is kept in both cases: a stack started later begins with it."""
+    (canary) processes. With the local stack (`mlops deploy local`, rollout/local_stack.py) the weight and the shadow
+    step's mirror are its Envoy's, set through its routes and read back from its admin interface, and `metrics` is its
+    Prometheus; without it the weight is only recorded (<repo>/.rollouts/<model>-routes.json) and the verifier's own
+    requests are what a window measures. The recorded weight is kept in both cases: a stack started later begins
+    with it."""
 
     name = "local"
 
@@ -137,7 +157,7 @@ class LocalBackend(Backend):
         self.model = model
         self.timeout_s = timeout_s
         self.routes_path = self.base_dir / ".rollouts" / f"{model}-routes.json"
-        # A rollout.local_stack.Router, or None where no router runs.
+        # The local stack's rollout.envoy.EnvoyRouter, or None where no router runs.
         self.router = router
 
     def _repository(self, track: str) -> ModelRepository:
@@ -216,6 +236,21 @@ class LocalBackend(Backend):
         if self.router is not None:
             return self.router.canary_weight()
         return self.recorded_canary_weight()
+
+    def can_mirror(self) -> bool:
+        return self.router is not None
+
+    def set_shadow_percent(self, percent: int) -> None:
+        if self.router is None:
+            super().set_shadow_percent(percent)
+        elif self.router.shadow_percent() != percent:
+            self.router.set_shadow_percent(percent)
+
+    def shadow_percent(self) -> int:
+        return self.router.shadow_percent() if self.router is not None else 0
+
+    def publication(self, model: str, version: int) -> dict[str, Any]:
+        return ModelRepository(self.base_dir).publication(model, version)
 
     def recorded_canary_weight(self) -> int:
         try:

@@ -106,9 +106,12 @@ def router_weight(backend: Backend) -> str:
     """The canary's share as the router applies it now: after promotion or a rollback's route step it is 0, whatever
     step the state names."""
     try:
-        return f"{backend.canary_weight()}%"
+        weight = f"{backend.canary_weight()}%"
+        copied = backend.shadow_percent() if backend.can_mirror() else 0
     except (BackendError, OSError) as e:
         return f"unknown ({e})"
+    # At the shadow step the canary answers copies of the users' requests that no user gets.
+    return f"{weight}, {copied}% of the requests copied to it" if copied else weight
 
 
 def _print_status(document: dict[str, Any], report_dir: str | None, backend: Backend) -> None:

@@ -65,7 +65,7 @@ class Controller:
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
                  report_dir: str | None = None, limits: dict[str, Any] | None = None,
                  max_inconclusive: int = 3, on_inconclusive: str = "rollback", history_limit: int = 20,
-                 lease_wait_s: float = 0.0, skew_check: SkewCheck | None = None) -> None:
+                 lease_wait_s: float = 0.0, skew_check: SkewCheck | None = None, shadow_percent: int = 0) -> None:
         self.backend = backend
         self.model = model
         self.steps = list(steps)
@@ -86,6 +86,8 @@ class Controller:
         self.lease_wait_s = lease_wait_s
         # rollout.skew_check: the candidate's logged requests judged against its training data before each step.
         self.skew_check = skew_check
+        # rollout.shadow.percent: the share of the users' requests copied to the candidate at the 0% step (0: none).
+        self.shadow_percent = shadow_percent
         self._holding: Holding | None = None
         self._document: dict[str, Any] = {}
         self._token = ""
@@ -320,7 +322,14 @@ class Controller:
             return self._begin_rollback(s, str(e))
         # The weight of the committed step is set here, never before its commit: a controller killed in between
         # would otherwise set the previous step's weight again on resuming (traffic flapping back and forth).
+        # The shadow step is the 0% step where the router can copy requests; the copies stop before users get the
+        # canary's answers, and start only once they get none.
+        shadow = self.shadow_percent if weight == 0 and self.backend.can_mirror() else 0
+        if self.backend.can_mirror() and not shadow:
+            self.backend.set_shadow_percent(0)
         self.backend.set_canary_weight(weight)
+        if shadow:
+            self.backend.set_shadow_percent(shadow)
         try:
             # After the write: the window must judge the weight the gateway has taken, not the one before it (a
             # route's status that judged an older generation is waited for), nor a route that lost its gateway.
@@ -343,7 +352,7 @@ class Controller:
             figures["error"] = figures["golden"].get("error")
             if not figures["error"]:
                 since = time.time()
-                figures["window"] = verifier.window(C, weight)
+                figures["window"] = verifier.shadow_window(s["stable"], C) if shadow else verifier.window(C, weight)
                 figures["error"] = figures["window"].get("error")
             if figures["error"]:
                 # The failed part names its causes from what the canary's servers kept of its failures.
@@ -467,6 +476,8 @@ class Controller:
 
     def _rollback_route(self, s: dict[str, Any]) -> dict[str, Any]:
         self.backend.set_canary_weight(0)
+        if self.backend.can_mirror():
+            self.backend.set_shadow_percent(0)
         return self._advance(s, "rollback_canary_load", "all traffic on the stable servers")
 
     def _rollback_canary_load(self, s: dict[str, Any]) -> dict[str, Any]:
@@ -604,7 +615,8 @@ def describe_figures(figures: dict[str, Any]) -> str:
                      f"{golden['grpc_max_abs_diff']:.2e}")
     window = figures.get("window")
     if window and "requests" in window:
-        whose = "users'" if window.get("traffic") == "users" else "the verifier's"
+        whose = {"users": "users'", "verifier": "the verifier's"}.get(window.get("traffic"), "")
+        whose = "copies of the users'" if window.get("source") == "shadow" else whose
         text = (f"window {window['seconds']}s ({window['source']}, {whose} requests) {window['requests']:.0f} "
                 "requests, error rate "
                 f"{window['error_rate']:.4f}, p99 {window['p99_ms']:.1f} ms")
@@ -617,6 +629,12 @@ def describe_figures(figures: dict[str, Any]) -> str:
             text += (f"; users: the canary failed {evidence['canary_errors']} of {evidence['canary_requests']} "
                      f"(needs {evidence['needed']}), stable {evidence['stable_errors']} of "
                      f"{evidence['stable_requests']}")
+        shadow = window.get("shadow")
+        if shadow:
+            text += (f"; shadow ({window['percent']}% of the users' requests copied): {shadow['pairs']} answered by "
+                     f"both, {shadow['disagreements']} of {shadow['rows']} rows disagree "
+                     f"({shadow['disagreement_rate']:.2%}), score distance {shadow['score_distance']:.4f}, p99 "
+                     f"{shadow['candidate_p99_ms']:.1f} ms against stable's {shadow['stable_p99_ms']:.1f} ms")
         share = window.get("share") or {}
         if share.get("checked"):
             text += f"; canary share {share['observed']:.1%} of {share['user_requests']:.0f} user requests"

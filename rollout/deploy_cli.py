@@ -1,4 +1,4 @@
-"""`mlops deploy local [--stop | --status]`: the stable and canary servers, HAProxy and Prometheus on this machine
+"""`mlops deploy local [--stop | --status]`: the stable and canary servers, Envoy and Prometheus on this machine
 (rollout/local_stack.py)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 def register(subparsers: argparse._SubParsersAction,
              add_config_args: Callable[[argparse.ArgumentParser], None]) -> None:
     deploy = subparsers.add_parser(
-        "deploy", help="run the serving stack: `local` starts the stable and canary servers, HAProxy and Prometheus")
+        "deploy", help="run the serving stack: `local` starts the stable and canary servers, Envoy and Prometheus")
     targets = deploy.add_subparsers(dest="target", required=True)
     local = targets.add_parser("local", help="the stack on this machine (docs/tutorials/local-rollout.md)")
     add_config_args(local)
@@ -44,7 +44,8 @@ def deploy_command(args: argparse.Namespace) -> int:
             where = f"  REST {process['rest']}  gRPC {process['grpc']}" if "rest" in process else ""
             print(f"{name:<12} pid {process['pid']:<8} {'running' if process['running'] else 'NOT RUNNING'}{where}")
         print(f"router       REST {report['router']['rest']}  gRPC {report['router']['grpc']}  canary "
-              f"{report.get('canary_percent', '?')}%  {report.get('weights_error', '')}")
+              f"{report.get('canary_percent', '?')}%  copied to the canary {report.get('shadow_percent', '?')}%  "
+              f"{report.get('weights_error', '')}")
         for target in report.get("targets", []):
             print(f"scrape       {target['track']:<7} {target['instance']:<22} {target['health']} "
                   f"{target['last_error']}")
@@ -58,7 +59,7 @@ def deploy_command(args: argparse.Namespace) -> int:
         print(f"{server.name:<10} mlops serve pid {server.pid}: REST {server.rest}  gRPC {server.grpc}; "
               f"{server.request_log or 'request logging not reported'}")
     print(f"clients    REST {stack.router_rest}/v1/models/{config.model_name}:predict  gRPC {stack.router_grpc} "
-          f"(HAProxy pid {stack.haproxy_pid}; canary {stack.router().canary_weight()}%)")
+          f"(Envoy pid {stack.router_pid}; canary {stack.router().canary_weight()}%)")
     print(f"prometheus {stack.prometheus_url} (pid {stack.prometheus_pid}); `mlops rollout start --version V` moves "
           "traffic through the router and measures it there")
     print(f"state      {stack.folder}/{local_stack.STACK_FILE}; stop with `mlops deploy local --stop`")

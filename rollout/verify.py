@@ -19,6 +19,8 @@ from typing import Any
 from rollout.backends import Backend, Endpoint
 from rollout.evidence import EvidenceRules, above_limit_p_value, canary_worse_p_value, min_canary_requests
 from rollout.metrics import MetricsError, Snapshot, window_figures
+from rollout.shadow import AnswerReader, Comparison, ShadowLimits, compare
+from rollout.shadow import judge as judge_shadow
 from serving import TRAFFIC_HEADER, VERIFIER_TRAFFIC
 from settings.errors import UserError
 
@@ -115,6 +117,8 @@ NO_TRAFFIC_CHANCE = 0.001
 PASSED, FAILED, INCONCLUSIVE = "passed", "failed", "inconclusive"
 # Not a verdict: the window so far holds too few of the canary's user requests to decide, and is watched longer.
 EXTEND = "extend"
+# How often a shadow window reads the answers the servers kept (each keeps its newest 4096).
+SHADOW_READ_S = 2.0
 
 
 def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]]) -> tuple[float, str]:
@@ -173,7 +177,7 @@ class Verifier:
     def __init__(self, backend: Backend, model: str, rows: list[dict[str, Any]], limits: Limits,
                  log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
                  clients: Callable[[Endpoint, int | None], tuple[Any, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shadow: ShadowLimits | None = None) -> None:
         self.backend = backend
         self.model = model
         self.rows = rows
@@ -184,6 +188,8 @@ class Verifier:
         # script them.
         self.clients = clients or _serving_clients
         self.clock = clock
+        # rollout.shadow: the 0% step compares the candidate's answers to copies of the users' requests with stable's.
+        self.shadow = shadow
 
     def _address(self, version: int) -> dict[str, Any]:
         # A KubeDL predictor serves one version under its own numbering: ask it for its model, unversioned.
@@ -293,6 +299,71 @@ class Verifier:
                      f"{evidence['needed']} canary user requests the step needs; watching "
                      f"{self.limits.window_seconds:g}s more")
         raise AssertionError("the last look decides")  # pragma: no cover
+
+    def shadow_window(self, stable: int, candidate: int) -> dict[str, Any]:
+        """The shadow step (rollout/shadow.py): while the router copies rollout.shadow.percent of the users' requests
+        to the candidate, the answers both tracks' servers kept are read every SHADOW_READ_S, joined by request id and
+        judged every window_seconds over the whole window so far, until the evidence decides or max_window_extensions
+        ran out. The verifier sends nothing during it."""
+        limits = self.shadow
+        if limits is None:
+            raise ValueError("no rollout.shadow limits were given")
+        since = time.time()
+        readers = {track: AnswerReader(self.model, lambda path, track=track, v=v: self.backend.server_gets(track, v,
+                                                                                                         path),
+                                       since, v)
+                   for track, v in (("stable", stable), ("canary", candidate))}
+        comparison = None
+        looks = 1 + self.limits.max_window_extensions
+        for look in range(1, looks + 1):
+            end = self.clock() + self.limits.window_seconds
+            while (left := end - self.clock()) > 0:
+                self.sleep(min(SHADOW_READ_S, left))
+                for reader in readers.values():
+                    reader.read()
+            answers = {track: reader.answers for track, reader in readers.items()}
+            if comparison is None and answers["canary"]:
+                outputs = sorted(set(answers["canary"][0]["outputs"]) & set((answers["stable"] or [{}])[0]
+                                                                            .get("outputs", {})))
+                comparison = Comparison.of(self.backend.publication(self.model, stable),
+                                           self.backend.publication(self.model, candidate), outputs)
+            figures = self._shadow_figures(answers, since, stable, candidate, comparison or Comparison("binary", ""),
+                                           look)
+            unread = sorted(f"{server}: {why}" for reader in readers.values() for server, why in reader.unread.items())
+            if unread:
+                figures.update(verdict=INCONCLUSIVE,
+                               inconclusive=f"the answers of {len(unread)} server(s) could not be read: {unread[0]}")
+                return figures
+            figures = judge_shadow(figures, limits, self.limits.evidence_rules(), last=look == looks)
+            if figures["verdict"] != EXTEND:
+                dropped = sorted(server for reader in readers.values() for server in reader.dropped)
+                if dropped:
+                    figures["dropped"] = dropped
+                return figures
+            self.log(f"shadow window after {figures['seconds']:g}s: {figures['shadow']['pairs']} requests answered by "
+                     f"both versions of the {figures['evidence']['needed']} the step needs; watching "
+                     f"{self.limits.window_seconds:g}s more")
+        raise AssertionError("the last look decides")  # pragma: no cover
+
+    def _shadow_figures(self, answers: dict[str, list[dict[str, Any]]], since: float, stable: int, candidate: int,
+                        comparison: Comparison, look: int) -> dict[str, Any]:
+        failed = {}
+        for track, version in (("stable", stable), ("canary", candidate)):
+            kept, _ = self.backend.failures(self.model, track, version, since)
+            failed[track] = sum(1 for f in kept if f.get("traffic") != "verifier")
+        shadow = compare(answers["stable"], answers["canary"], comparison, self.shadow)
+        n_c = len(answers["canary"]) + failed["canary"]
+        n_s = len(answers["stable"]) + failed["stable"]
+        # Each track's p99 over every answer it kept; the shadow figures' ratio is over the joined ones.
+        p99 = {track: round(percentile_99([a["latency_ms"] for a in kept]), 3) if kept else 0.0
+               for track, kept in answers.items()}
+        return {"source": "shadow", "traffic": "users", "percent": self.shadow.percent, "requests": n_c,
+                "errors": failed["canary"], "error_rate": failed["canary"] / n_c if n_c else 0.0,
+                "p99_ms": p99["canary"], "seconds": look * self.limits.window_seconds, "looks": look,
+                "verifier_requests": 0,
+                "stable": {"requests": n_s, "errors": failed["stable"],
+                           "error_rate": failed["stable"] / n_s if n_s else 0.0, "p99_ms": p99["stable"]},
+                "shadow": shadow}
 
     def stable_window(self, version: int) -> dict[str, Any]:
         """The stable servers for window_seconds right after all traffic moved to them: the first users of a promoted

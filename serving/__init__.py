@@ -19,6 +19,23 @@ TRAFFIC_HEADER = "x-mlops-traffic"
 VERIFIER_TRAFFIC = "verifier"
 
 
+# The request id Envoy gives every request it routes (x-request-id, generated unless trusted from a client) and keeps on
+# the copy a RequestMirror sends: the servers keep each answer under it, so the shadow step joins the candidate's
+# answer to a request with stable's (serving/server/answers.py).
+REQUEST_ID_HEADER = "x-request-id"
+MAX_REQUEST_ID_CHARS = 128
+
+
+def request_id(headers: Iterable[tuple[str | bytes, str | bytes]]) -> str:
+    """A request's id from its headers or gRPC metadata ("" without one), cut at MAX_REQUEST_ID_CHARS."""
+    for name, value in headers:
+        name = name.decode("latin-1") if isinstance(name, bytes) else name
+        if name.lower() == REQUEST_ID_HEADER:
+            value = value.decode("latin-1") if isinstance(value, bytes) else value
+            return value.strip()[:MAX_REQUEST_ID_CHARS]
+    return ""
+
+
 def is_verifier(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bool:
     """Whether a request's headers (HTTP or gRPC metadata pairs, bytes or text) mark it as the verifier's."""
     for name, value in headers:

@@ -421,7 +421,7 @@ class RolloutLocalConfig:
     stack_dir: str = ""
     # `mlops deploy local`: `mlops serve` processes per track.
     servers_per_track: int = 1
-    # `mlops deploy local`: HAProxy's REST frontend port ...
+    # `mlops deploy local`: the router's REST listener port ...
     router_rest_port: int = 8601
     # ... its gRPC frontend port ...
     router_grpc_port: int = 8600
@@ -541,6 +541,30 @@ class RolloutPrometheusConfig:
 
 
 @dataclass
+class RolloutShadowConfig:
+    """The shadow step before the first user step (rollout/shadow.py): the router copies a share of the live requests
+    to the candidate, whose answers no user gets, and they are compared with stable's answers to the same requests.
+    Needs a router that mirrors: the local stack's Envoy (`mlops deploy local`) or a Gateway API implementation of
+    HTTPRoute and GRPCRoute RequestMirror (k8s/serving); without one the 0% step is the verifier's own window."""
+    # Percent of the live requests copied to the candidate; 0: no shadow step.
+    percent: int = 100
+    # Requests answered by both versions a shadow window needs before it can pass (it is extended, then inconclusive).
+    min_requests: int = 200
+    # The largest share of rows on which the candidate's decision (binary: at each version's calibrated threshold;
+    # multiclass: the class) differs from stable's, or its value by more than max_relative_error (regression) ...
+    max_disagreement_rate: float = 0.01
+    # ... that relative error (regression).
+    max_relative_error: float = 0.05
+    # The largest distance between the two versions' score distributions on the same requests: Wasserstein (binary
+    # probabilities; for regression values, relative to stable's mean absolute value) or total variation (multiclass).
+    max_score_distance: float = 0.05
+    # The candidate's p99 time to answer may be at most this many times stable's on the same requests.
+    max_latency_ratio: float = 3.0
+    # The rows that disagree most, kept in the state and the report.
+    examples: int = 5
+
+
+@dataclass
 class RolloutConfig:
     """`mlops rollout`: how a candidate version is verified and moved through traffic steps (rollout)."""
     # local: `mlops serve` processes on this machine; kubernetes: k8s/serving; kubedl: k8s/kubedl.
@@ -611,6 +635,7 @@ class RolloutConfig:
     # How often the controller polls a loading version's status.
     poll_seconds: float = 0.5
     prometheus: RolloutPrometheusConfig = field(default_factory=RolloutPrometheusConfig)
+    shadow: RolloutShadowConfig = field(default_factory=RolloutShadowConfig)
     local: RolloutLocalConfig = field(default_factory=RolloutLocalConfig)
     kubernetes: RolloutKubernetesConfig = field(default_factory=RolloutKubernetesConfig)
     kubedl: RolloutKubeDLConfig = field(default_factory=RolloutKubeDLConfig)
@@ -1391,6 +1416,18 @@ def _validate_rollout(rollout: RolloutConfig) -> None:
     for key in ("scrape_interval_seconds", "request_timeout_seconds"):
         if getattr(rollout.prometheus, key) <= 0:
             raise ConfigError(f"rollout.prometheus.{key} must be positive.")
+    shadow = rollout.shadow
+    if not 0 <= shadow.percent <= 100:
+        raise ConfigError(f"rollout.shadow.percent must be between 0 and 100; got {shadow.percent}.")
+    for key in ("min_requests", "examples"):
+        if getattr(shadow, key) < 1:
+            raise ConfigError(f"rollout.shadow.{key} must be at least 1.")
+    if not 0 <= shadow.max_disagreement_rate < 1:
+        raise ConfigError(f"rollout.shadow.max_disagreement_rate must be 0 or more and below 1; got "
+                          f"{shadow.max_disagreement_rate}.")
+    for key in ("max_relative_error", "max_score_distance", "max_latency_ratio"):
+        if getattr(shadow, key) <= 0:
+            raise ConfigError(f"rollout.shadow.{key} must be positive.")
     local = rollout.local
     if not local.stable_rest or len(local.stable_rest) != len(local.stable_grpc) or not local.canary_rest or len(
             local.canary_rest) != len(local.canary_grpc):

@@ -6,7 +6,8 @@ on Kubernetes this runs as a sidecar in the serving pod: it listens on the ports
 each request to TF Serving on localhost. Answers come back as TF Serving gave them: REST status, content type and
 body, gRPC messages, status codes and details. The additions are the Prometheus page
 (`/monitoring/prometheus/metrics`), to which the proxy appends its own `:mlops:serving:request_log_count` family, and
-the failed predictions it saw pass, with their inputs, at `/monitoring/failures/NAME` (serving/server/failures.py).
+the failed predictions it saw pass, with their inputs, at `/monitoring/failures/NAME` (serving/server/failures.py),
+and the answers to requests with a request id, at `/monitoring/answers/NAME/SINCE` (serving/server/answers.py).
 When TF Serving does not answer at all, REST gets 503 and gRPC UNAVAILABLE, as from TF Serving while it starts.
 
 A gRPC Predict is logged as its two messages, untouched. A REST prediction is logged as the PredictRequest and
@@ -34,7 +35,15 @@ import httptools
 import uvloop
 from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
-from serving import DEFAULT_HOST, DEFAULT_UPSTREAM_GRPC, DEFAULT_UPSTREAM_REST, ServingLimits, is_verifier
+from serving import (
+    DEFAULT_HOST,
+    DEFAULT_UPSTREAM_GRPC,
+    DEFAULT_UPSTREAM_REST,
+    ServingLimits,
+    is_verifier,
+    request_id,
+)
+from serving.server.answers import RecentAnswers, outputs_from_json_answer, outputs_from_predict_response
 from serving.server.failures import RecentFailures, rows_from_json_body, rows_from_predict_request
 from serving.server.grpc.servicer import MAX_RESPONSE_BYTES
 from serving.server.monitoring import METRICS_PATH, RequestLogMetrics, VerifierRequestCount
@@ -234,8 +243,9 @@ class RestForwarder:
 
     def __init__(self, upstream: HttpUpstream, limits: ServingLimits, request_logger: RequestLogger | None,
                  signatures: SignatureSource | None, metrics: RequestLogMetrics, failures: RecentFailures,
-                 verifier_requests: VerifierRequestCount) -> None:
+                 verifier_requests: VerifierRequestCount, answers: RecentAnswers | None = None) -> None:
         self.upstream = upstream
+        self.answers = answers or RecentAnswers()
         self.limits = limits
         self.request_logger = request_logger
         self.signatures = signatures
@@ -249,9 +259,9 @@ class RestForwarder:
         method = scope["method"]
         path = scope["raw_path"].decode("latin-1")
         query = scope.get("query_string", b"")
-        failures = self.failures.answer(path) if method == "GET" else None
-        if failures is not None:
-            await _send(send, failures[0], [(b"content-type", b"application/json")], json.dumps(failures[1]).encode())
+        kept = (self.failures.answer(path) or self.answers.answer(path)) if method == "GET" else None
+        if kept is not None:
+            await _send(send, kept[0], [(b"content-type", b"application/json")], json.dumps(kept[1]).encode())
             return
         try:
             body = await self._read_body(receive)
@@ -263,6 +273,7 @@ class RestForwarder:
                 "request."))
             return
         target = path + ("?" + query.decode("latin-1") if query else "")
+        started = time.perf_counter()
         try:
             status, headers, answer = await self.upstream.request(method, target, scope["headers"], body)
         except (OSError, UpstreamError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
@@ -277,6 +288,8 @@ class RestForwarder:
         verifier = is_verifier(scope["headers"])
         if verifier and method == "POST":
             self._count_verifier(path, status)
+        if status == 200 and method == "POST" and not verifier:
+            self._keep_answer(path, body, answer, request_id(scope["headers"]), time.perf_counter() - started)
         if status == 200 and method == "POST" and self.request_logger is not None:
             self._maybe_log(path, body, answer, verifier)
         elif status != 200 and method == "POST":
@@ -287,6 +300,17 @@ class RestForwarder:
         match = PREDICT_PATH.fullmatch(path)
         if match is not None and match.group(4).lower() == "predict":
             self.verifier_requests.count(unquote(match.group(1)), "OK" if status == 200 else f"HTTP {status}")
+
+    def _keep_answer(self, path: str, body: bytes, answer: bytes, request: str, seconds: float) -> None:
+        """A prediction TF Serving answered to a request with an id (the router's), for the shadow step. Its REST
+        answer names no version: the one the path asked for, if any."""
+        match = PREDICT_PATH.fullmatch(path) if request else None
+        if match is None or match.group(4).lower() != "predict":
+            return
+        version = int(match.group(2)) if match.group(2) and match.group(2).isdigit() else None
+        rows, row_count = rows_from_json_body(body)
+        self.answers.keep(request, unquote(match.group(1)), version, "rest", seconds, rows, row_count,
+                          outputs_from_json_answer(answer))
 
     def _keep_failure(self, path: str, body: bytes, status: int, answer: bytes, verifier: bool) -> None:
         """A prediction TF Serving refused, with its inputs. TF Serving's REST answer names neither the version nor
@@ -344,8 +368,10 @@ class GrpcForwarder(grpc.GenericRpcHandler):
     """Every unary gRPC method (all of TF Serving's PredictionService and ModelService), forwarded as bytes."""
 
     def __init__(self, channel: grpc.aio.Channel, request_logger: RequestLogger | None,
-                 failures: RecentFailures, verifier_requests: VerifierRequestCount) -> None:
+                 failures: RecentFailures, verifier_requests: VerifierRequestCount,
+                 answers: RecentAnswers | None = None) -> None:
         self.channel = channel
+        self.answers = answers or RecentAnswers()
         self.request_logger = request_logger
         self.failures = failures
         self.verifier_requests = verifier_requests
@@ -361,6 +387,7 @@ class GrpcForwarder(grpc.GenericRpcHandler):
             call = self._callables[method] = self.channel.unary_unary(method)
         metadata = [(k, v) for k, v in context.invocation_metadata() or ()
                     if not k.startswith((":", "grpc-")) and k not in RESERVED_METADATA]
+        started = time.perf_counter()
         try:
             response = await call(request, timeout=context.time_remaining(), metadata=metadata)
         except grpc.aio.AioRpcError as e:
@@ -372,6 +399,8 @@ class GrpcForwarder(grpc.GenericRpcHandler):
         verifier = is_verifier(metadata)
         if method == PREDICT_METHOD and verifier:
             self._count_verifier(request, "OK")
+        if method == PREDICT_METHOD and not verifier and (request_key := request_id(metadata)):
+            self._keep_answer(request, response, request_key, time.perf_counter() - started)
         if method == PREDICT_METHOD and self.request_logger is not None:
             if not verifier and not self.request_logger.sample():
                 return response
@@ -384,6 +413,15 @@ class GrpcForwarder(grpc.GenericRpcHandler):
             else:
                 self.request_logger.submit(model, functools.partial(grpc_prediction, request, response))
         return response
+
+    def _keep_answer(self, request: bytes, response: bytes, request_key: str, seconds: float) -> None:
+        try:
+            model = wire_model_spec(request, 1).name
+        except Exception:  # noqa: BLE001 - TF Serving parsed it, so this does not happen
+            return
+        version, outputs = outputs_from_predict_response(response)
+        rows, row_count = rows_from_predict_request(request)
+        self.answers.keep(request_key, model, version, "grpc", seconds, rows, row_count, outputs)
 
     def _count_verifier(self, request: bytes, status: str) -> None:
         try:
@@ -429,6 +467,7 @@ class LogProxy:
         self.limits = limits or ServingLimits()
         self.metrics = request_logger.metrics if request_logger is not None else RequestLogMetrics()
         self.failures = RecentFailures()
+        self.answers = RecentAnswers()
         self.verifier_requests = VerifierRequestCount()
         if request_logger is not None:
             self.failures.on_users_failure = request_logger.submit_failure
@@ -466,14 +505,15 @@ class LogProxy:
                 ("grpc.max_send_message_length", self.limits.max_request_bytes),
                 ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)])
             forwarder = RestForwarder(self._upstream, self.limits, self.request_logger, self._signatures,
-                                      self.metrics, self.failures, self.verifier_requests)
+                                      self.metrics, self.failures, self.verifier_requests, self.answers)
             self._rest = RestServer(forwarder, sock, self.limits)
             self.rest_port = self._rest.port
             await self._rest.start()
             self._grpc_server = grpc.aio.server(options=[*message_limits, ("grpc.so_reuseport", 0)],
                                                 maximum_concurrent_rpcs=self.limits.max_in_flight_requests)
             self._grpc_server.add_generic_rpc_handlers(
-                (GrpcForwarder(self._channel, self.request_logger, self.failures, self.verifier_requests),))
+                (GrpcForwarder(self._channel, self.request_logger, self.failures, self.verifier_requests,
+                               self.answers),))
             self.grpc_port = self._grpc_server.add_insecure_port(f"{self.host}:{grpc_port}")
             if self.grpc_port == 0:
                 raise OSError(f"Could not bind gRPC to {self.host}:{grpc_port}; is the port in use?")

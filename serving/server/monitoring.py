@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 
+from serving.server.answers import RecentAnswers
 from serving.server.failures import RecentFailures
 
 METRICS_PATH = "/monitoring/prometheus/metrics"
@@ -42,6 +43,8 @@ class RequestMetrics:
         self.verifier = VerifierRequestCount()
         # The newest failed predictions with their inputs, read at FAILURES_PATH beside this page.
         self.failures = RecentFailures()
+        # The newest answers to requests with an id (the router's), read at ANSWERS_PATH by the shadow step.
+        self.answers = RecentAnswers()
 
     def record(self, model: str, status: str, api: str, entrypoint: str, seconds: float,
                verifier: bool = False) -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -141,11 +142,29 @@ class BaseCluster:
         return [summary for k, n, summary in self.writes if (k, n) == (kind, name)]
 
 
+def mirrored_percent(route: dict, service: str) -> int:
+    """The share of a route's first rule copied to `service` by a RequestMirror filter, read as Gateway API v1.3's
+    HTTPRequestMirrorFilter defines it (apis/v1/shared_types.go: `percent`, or `fraction` numerator/denominator
+    with denominator 100 by default; neither: every request)."""
+    for f in route["spec"]["rules"][0].get("filters", []):
+        mirror = f.get("requestMirror", {})
+        if f.get("type") == "RequestMirror" and mirror.get("backendRef", {}).get("name") == service:
+            if "percent" in mirror:
+                return int(mirror["percent"])
+            if "fraction" in mirror:
+                return round(100 * mirror["fraction"]["numerator"] / mirror["fraction"].get("denominator", 100))
+            return 100
+    return 0
+
+
 class Gateway(threading.Thread):
     """What the Gateway API routes do with user traffic: REST predictions (~40 a second) sent to the stable or the
     canary server as the HTTPRoute's weights say at that moment (smooth weighted round robin, as Envoy's). With
     `canary_error_share`, that share of the canary's requests is malformed (400 INVALID_ARGUMENT): a canary failing
-    part of its traffic."""
+    part of its traffic. Each request carries an x-request-id, as Envoy's connection manager gives every request it
+    routes (source/common/http/conn_manager_utility.cc, mutateRequestHeaders); a RequestMirror filter on the route
+    has that share of them copied, with the same headers, to its Service, and the copy's answer discarded (Envoy's
+    router shadowing, source/common/router/router.cc)."""
 
     def __init__(self, cluster: ServingCluster, canary_error_share: float) -> None:
         super().__init__(daemon=True)
@@ -153,6 +172,7 @@ class Gateway(threading.Thread):
         self.canary_error_share = canary_error_share
         self.stop_event = threading.Event()
         self.sent = {"stable": 0, "canary": 0}
+        self.mirrored = 0
         self.failed: list[str] = []
 
     def run(self) -> None:
@@ -161,8 +181,11 @@ class Gateway(threading.Thread):
 
         credit = {"stable": 0.0, "canary": 0.0}
         canary_sent = 0
+        mirror_credit = 0
         last: dict[str, int] = {}
         while not self.stop_event.is_set():
+            route = self.cluster.fake.find("HTTPRoute", NAMESPACE, "tfserving")
+            mirror = mirrored_percent(route, "tfserving-canary")
             weights = self.cluster.weights()["HTTPRoute"]
             share = {"stable": weights["tfserving-stable"], "canary": weights["tfserving-canary"]}
             if share != last:  # new weights start a new round: no credit carried over from the old ones
@@ -176,8 +199,10 @@ class Gateway(threading.Thread):
                 canary_sent += 1
                 if self.canary_error_share and canary_sent % round(1 / self.canary_error_share) == 0:
                     row = {"fare": 2.5}  # a missing input: the server answers 400
+            body = json.dumps({"instances": [row]}).encode()
+            headers = {"x-request-id": str(uuid.uuid4())}
             request = urllib.request.Request(f"{self.cluster.servers[track].rest_url}/v1/models/{MODEL}:predict",
-                                             json.dumps({"instances": [row]}).encode(), method="POST")
+                                             body, headers, method="POST")
             try:
                 with urllib.request.urlopen(request, timeout=5):
                     pass
@@ -187,6 +212,18 @@ class Gateway(threading.Thread):
             except OSError as e:
                 self.failed.append(f"{track}: {e}")
             self.sent[track] += 1
+            mirror_credit += mirror
+            if mirror_credit >= 100:
+                mirror_credit -= 100
+                copy_request = urllib.request.Request(
+                    f"{self.cluster.servers['canary'].rest_url}/v1/models/{MODEL}:predict", body, headers,
+                    method="POST")
+                try:
+                    with urllib.request.urlopen(copy_request, timeout=5):
+                        pass
+                except OSError:
+                    pass  # the copy's answer, failed or not, reaches no client
+                self.mirrored += 1
             self.stop_event.wait(0.025)
 
     def stop(self) -> None:
@@ -231,7 +268,8 @@ class ServingCluster(BaseCluster):
             path.write_text(obj["data"]["models.config"])
             return _track_config(path)
         if kind in ("HTTPRoute", "GRPCRoute"):
-            return {ref["name"]: ref["weight"] for ref in obj["spec"]["rules"][0]["backendRefs"]}
+            return {**{ref["name"]: ref["weight"] for ref in obj["spec"]["rules"][0]["backendRefs"]},
+                    "mirrored": mirrored_percent(obj, "tfserving-canary")}
         return super().summary(kind, obj)
 
     def kubelet(self, key, obj) -> None:
@@ -252,7 +290,7 @@ class ServingCluster(BaseCluster):
     def __enter__(self):
         super().__enter__()
         try:
-            local_stack.binaries()
+            local_stack.prometheus_binary()
         except local_stack.StackError as e:
             self.__exit__(None, None, None)
             raise AssertionError(str(e)) from None
@@ -282,6 +320,7 @@ class ServingCluster(BaseCluster):
             *self.common_overrides(), "rollout.backend=kubernetes", f"rollout.kubernetes.namespace={NAMESPACE}",
             f"rollout.kubernetes.kubeconfig={self.fake.kubeconfig(self.root / 'kubeconfig')}",
             f"rollout.kubernetes.served_base_dir={self.base}", "rollout.window_seconds=1",
+            "rollout.shadow.min_requests=30",  # ~40 copies a 1 s window
             # Catching a canary failing 30% more than stable, not 5%: 24 canary requests a step, not ~300 (the gate's
             # power at the defaults is tests/rollout/test_evidence.py's subject).
             "rollout.min_error_rate_regression=0.3",

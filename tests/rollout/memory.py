@@ -55,6 +55,11 @@ class MemoryBackend(Backend):
         self.detached = ""
         # What the track's server answers at /monitoring/failures/<model> (serving/server/failures.py), by track.
         self.kept_failures: dict[str, list[dict[str, Any]]] = {"stable": [], "canary": []}
+        # What the track's servers answer at /monitoring/answers/<model>/<since> (serving/server/answers.py), and
+        # whether its router mirrors (rollout.shadow), with the share it copies now.
+        self.kept_answers: dict[str, list[dict[str, Any]]] = {"stable": [], "canary": []}
+        self.mirrors = False
+        self.mirrored = 0
 
     def served(self) -> dict[str, Any]:
         """What `Controller.served_state` reads back, straight from the fake."""
@@ -96,8 +101,26 @@ class MemoryBackend(Backend):
         return [version if version not in self.failing[track] else None]
 
     def server_gets(self, track: str, version: int, path: str) -> list[tuple[str, int, str]]:
+        if path.startswith(f"/monitoring/answers/{MODEL}/"):
+            since = int(path.rsplit("/", 1)[1]) / 1000.0
+            kept = [a for a in self.kept_answers[track] if a["time"] > since]
+            return [(f"{track}-0", 200, json.dumps({"answers": kept, "instance": track, "dropped": False,
+                                                    "oldest": kept[0]["time"] if kept else None}))]
         assert path == f"/monitoring/failures/{MODEL}", path
         return [(f"{track}-0", 200, json.dumps({"failures": self.kept_failures[track]}))]
+
+    def can_mirror(self) -> bool:
+        return self.mirrors
+
+    def set_shadow_percent(self, percent: int) -> None:
+        if not self.mirrors:
+            super().set_shadow_percent(percent)
+        elif self.mirrored != percent:
+            self.mirrored = percent
+            self._wrote(("mirror", percent))
+
+    def shadow_percent(self) -> int:
+        return self.mirrored
 
     def set_canary_weight(self, percent: int) -> None:
         if self.weight == percent:
@@ -140,7 +163,7 @@ class ScriptedVerifier:
     """Golden and window verdicts by step weight: `fail_at` weights fail their window, `inconclusive_at` weights give
     inconclusive windows (as many times as listed), and a `golden_error` fails every golden comparison."""
 
-    def __init__(self, fail_at: tuple[int, ...] = (), inconclusive_at: list[int] | None = None,
+    def __init__(self, fail_at: tuple[int | str, ...] = (), inconclusive_at: list[int] | None = None,
                  golden_error: str = "", fail_after_promotion: bool = False) -> None:
         self.fail_at = fail_at
         self.golden_error = golden_error
@@ -148,7 +171,7 @@ class ScriptedVerifier:
         # The versions of each window on the stable servers after the traffic moved there.
         self.stable_windows: list[int] = []
         self.inconclusive_at = list(inconclusive_at or [])
-        self.windows: list[int] = []
+        self.windows: list[int | str] = []
         self._weight = 0
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
@@ -168,6 +191,14 @@ class ScriptedVerifier:
             figures["inconclusive"] = "no metrics from the canary server(s) canary-0 (failed scrape)"
         return figures
 
+
+    def shadow_window(self, stable: int, candidate: int) -> dict[str, Any]:
+        self.windows.append("shadow")
+        figures: dict[str, Any] = {"source": "shadow", "traffic": "users", "percent": 100, "seconds": 0,
+                                   "requests": 10, "errors": 0, "error_rate": 0.0, "p99_ms": 1.0}
+        if "shadow" in self.fail_at:
+            figures["error"] = "the candidate's decisions disagree with stable's on 5 of 10 rows"
+        return figures
 
     def stable_window(self, version: int) -> dict[str, Any]:
         self.stable_windows.append(version)

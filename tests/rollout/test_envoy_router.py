@@ -2,12 +2,15 @@
 (egctl v1.9.1, `make envoy-gateway`) from the project's rendered Gateway (k8s/serving/gateway-envoy), routes
 (k8s/serving/bootstrap) and Services (k8s/serving/base), in front of one stable and one canary `mlops serve`
 process (rollout/envoy.py). Every REST URL and gRPC method the READMEs, the docs and serving/clients use answers
-through Envoy as the server answers it directly; what is not routed gets Envoy's own 404; and each track's share of
-the requests follows the routes' weights at every step, within an exact binomial bound."""
+through Envoy as the server answers it directly; what is not routed gets Envoy's own 404; each track's share of
+the requests follows the routes' weights at every step, within an exact binomial bound; and the routes' RequestMirror
+filter has Envoy copy that share of the requests to the canary under the request ids stable answered them by, while
+the clients get stable's answers only."""
 from __future__ import annotations
 
 import http.client
 import json
+import time
 
 import grpc
 import pytest
@@ -171,6 +174,46 @@ def test_each_track_answers_its_routes_share_at_every_step(plane):
     finally:
         router.set_canary_weight(0)
     print(f"canary answers of {REQUESTS_PER_STEP} per step: {seen}")
+
+
+def test_the_mirror_copies_its_share_of_requests_to_the_canary_under_the_same_request_ids(plane):
+    import urllib.request
+
+    from serving.clients import GrpcClient, RestClient
+
+    router = plane["router"]
+
+    def kept(track: str) -> list[dict]:
+        with urllib.request.urlopen(f"{plane['servers'][track].rest}/monitoring/answers/{MODEL}/0", timeout=10) as r:
+            return json.loads(r.read())["answers"]
+
+    before = {track: len(kept(track)) for track in ("stable", "canary")}
+    try:
+        router.set_shadow_percent(50)
+        assert (router.shadow_percent(), router.canary_weight()) == (50, 0)
+        assert router.weights() == {cluster: {STABLE: 100} for cluster in router.weights()}, "copies are not routed"
+        with RestClient(f"http://{plane['rest']}", retries=0) as rest, GrpcClient(plane["grpc"], retries=0) as rpc:
+            for i in range(REQUESTS_PER_STEP):
+                [value] = (rest if i % 2 == 0 else rpc).predict(ROW, MODEL, timeout=10.0)
+                assert answering_version(value) == VERSIONS["stable"], "the clients get stable's answers only"
+    finally:
+        router.set_shadow_percent(0)
+    assert router.shadow_percent() == 0 and router.objects.mirrored(CANARY) == 0
+    # The copies are sent as the originals are answered: the last ones may land a moment later.
+    deadline = time.monotonic() + 10
+    while True:
+        stable, canary = (kept(track)[before[track]:] for track in ("stable", "canary"))
+        low, high = binomial_bounds(REQUESTS_PER_STEP, 0.5)
+        if len(canary) >= low or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(stable) == REQUESTS_PER_STEP and {a["transport"] for a in stable} == {"rest", "grpc"}
+    assert low <= len(canary) <= high, f"{len(canary)} copies of {REQUESTS_PER_STEP}, outside [{low}, {high}]"
+    stable_ids = {a["request_id"] for a in stable}
+    assert len(stable_ids) == REQUESTS_PER_STEP, "Envoy gives every request an id of its own"
+    assert {a["request_id"] for a in canary} <= stable_ids, "each copy carries its original's id"
+    assert all(a["version"] == VERSIONS["canary"] for a in canary)
+    print(f"{len(canary)} of {REQUESTS_PER_STEP} requests copied to the canary at 50%")
 
 
 def test_the_listeners_namespace_selector_is_kept_though_egctl_drops_namespace_labels():

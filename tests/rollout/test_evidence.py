@@ -18,10 +18,13 @@ from rollout.evidence import (
 from rollout.metrics import ModelCounters, Snapshot
 from rollout.verify import Limits, Verifier
 from tests.rollout.memory import MODEL, HookedStore, MemoryBackend, ScriptedMetrics
+from tests.rollout.test_shadow import NEEDED
+from tests.rollout.test_shadow import simulate as simulate_shadow
 
-# The defaults (settings/config.py RolloutConfig) with rollout.steps [10, 50, 100].
+# The defaults (settings/config.py RolloutConfig) with rollout.steps [10, 50, 100] after the shadow step
+# (rollout.shadow.percent 100): four steps share the false-rollback rate.
 DEFAULTS = Limits(max_abs_diff=0.001, max_error_rate=0.01, max_p99_ms=250.0, window_seconds=30.0,
-                  requests_per_second=20.0, timeout_s=5.0, user_steps=3)
+                  requests_per_second=20.0, timeout_s=5.0, user_steps=4)
 RULES = DEFAULTS.evidence_rules()
 
 
@@ -101,9 +104,9 @@ def test_the_requests_a_step_needs_are_the_long_ways(rules, weight, stable_rate)
 
 
 def test_the_significance_is_shared_out_over_steps_tests_and_looks():
-    # 0.01 over 3 steps, 2 tests, then half to the deciding look and half over the 4 earlier ones.
-    assert RULES.alpha(deciding=True) == pytest.approx(0.01 / 3 / 2 / 2)
-    assert RULES.alpha(deciding=False) == pytest.approx(0.01 / 3 / 2 / 2 / 4)
+    # 0.01 over 4 steps, 2 tests, then half to the deciding look and half over the 4 earlier ones.
+    assert RULES.alpha(deciding=True) == pytest.approx(0.01 / 4 / 2 / 2)
+    assert RULES.alpha(deciding=False) == pytest.approx(0.01 / 4 / 2 / 2 / 4)
     one_look = EvidenceRules(0.01, 0.005, 0.05, 0.95, 0.01, 1, 1)
     assert one_look.alpha(deciding=False) == one_look.alpha(deciding=True) == pytest.approx(0.0025)
 
@@ -166,8 +169,11 @@ def test_a_healthy_canary_is_rolled_back_by_its_errors_in_at_most_1_percent_of_r
     rng = np.random.default_rng(7)
     rollouts, rolled_back, inconclusive = 1000, 0, 0
     for _ in range(rollouts):
+        # The shadow step first (its window extended to the requests it needs; deciding otherwise than stable on half
+        # as many rows as rollout.shadow.max_disagreement_rate allows), then the user steps.
+        shadow = simulate_shadow(rng, stable_rate, 0.005, stable_rate, NEEDED)
         steps = [simulate_step(rng, weight, 600, stable_rate, stable_rate) for weight in (10, 50, 100)]
-        rolled_back += any(s["verdict"] == "failed" for s in steps)
+        rolled_back += shadow == "failed" or any(s["verdict"] == "failed" for s in steps)
         # Retried by the controller: a share far off by chance, or (at 1%) a few requests short of what a step needs.
         inconclusive += sum(s["verdict"] == "inconclusive" for s in steps)
     print(f"healthy canary at {stable_rate:.1%}: {rolled_back} of {rollouts} rollouts rolled back, {inconclusive} "

@@ -41,11 +41,21 @@ def test_a_rollout_through_the_api_retries_conflicts_and_promotes(cluster):
     assert cluster.fake.conflicts_sent == 4
     assert cluster.refused == [], "every label moved only to a version already AVAILABLE"
     windows = [e["figures"]["window"] for e in record["events"] if "figures" in e]
-    # At 0% no user reaches the canary: that window is the verifier's own; every other is the users', from Prometheus.
-    assert len(windows) >= 3 and [(w["source"], w["traffic"]) for w in windows][0] == ("verifier", "verifier")
-    assert {(w["source"], w["traffic"]) for w in windows[1:]} == {("prometheus", "users")}
+    # At 0% no user gets the canary's answers: the routes' RequestMirror filter copies their requests to it, and the
+    # answers both tracks' pods kept are read through the API server's pod proxy and joined by request id; every
+    # other window is the users', from Prometheus.
+    shadow = windows[0]
+    assert (shadow["source"], shadow["traffic"], shadow["verdict"]) == ("shadow", "users", "passed"), shadow
+    assert shadow["shadow"]["pairs"] >= 30 and shadow["shadow"]["disagreements"] == 0, shadow["shadow"]
+    assert any(p.startswith(f"monitoring/answers/{MODEL}/") for p in cluster.proxied)
+    assert cluster.gateway.mirrored >= shadow["shadow"]["pairs"]
+    assert len(windows) >= 3 and {(w["source"], w["traffic"]) for w in windows[1:]} == {("prometheus", "users")}
     assert all(w["requests"] > 0 and w["error_rate"] == 0 and 0 < w["p99_ms"] <= 2000 for w in windows), windows
-    assert not [p for p in cluster.proxied if p.startswith("monitoring")], "no metrics through the pod proxy"
+    assert not [p for p in cluster.proxied if p.startswith("monitoring/prometheus")], "no metrics through the proxy"
+    # The mirror is gone once users get the canary's answers.
+    assert [f for route in ("tfserving", "tfserving-grpc")
+            for f in cluster.fake.find("HTTPRoute" if route == "tfserving" else "GRPCRoute", "mlops-test", route)
+            ["spec"]["rules"][0].get("filters", [])] == []
     assert cluster.gateway.failed == [] and cluster.gateway.sent["canary"] > 0, "user traffic followed the routes"
     assert cluster.models_config("stable") == ([2], {"stable": 2})
     assert cluster.models_config("canary") == ([2], {"canary": 2})
@@ -107,9 +117,10 @@ def test_a_controller_killed_after_every_write_finishes_the_same_way(cluster):
     assert cluster.writes_to("ConfigMap", CONFIG_MAPS["stable"]) == [
         ([1, 2], {"stable": 1}), ([1, 2], {"stable": 2}), ([2], {"stable": 2})]
     for route in ("tfserving", "tfserving-grpc"):
-        weights = [w["tfserving-canary"] for w in cluster.writes_to(
+        # (the canary's weight, the share copied to it): the shadow step's mirror on and off, then the one step.
+        writes = [(w["tfserving-canary"], w["mirrored"]) for w in cluster.writes_to(
             "HTTPRoute" if route == "tfserving" else "GRPCRoute", route)]
-        assert weights == [100, 0]
+        assert writes == [(0, 100), (0, 0), (100, 0), (0, 0)]
     assert cluster.refused == []
     state = cluster.state()
     [record] = state["history"]

@@ -36,7 +36,7 @@ class Pods:
 @pytest.fixture
 def cluster(tmp_path):
     try:
-        local_stack.binaries()
+        local_stack.prometheus_binary()
     except local_stack.StackError as e:
         pytest.fail(str(e))
     pods = Pods(tmp_path / "prometheus")

@@ -1,5 +1,5 @@
 """The rollout's skew check through real servers: `mlops deploy local`'s stack (two `mlops serve` processes that log
-what they answer, HAProxy, Prometheus) serves two versions that carry the training data of a real pipeline run; a
+what they answer, Envoy, Prometheus) serves two versions that carry the training data of a real pipeline run; a
 client sends the eval split's rows with fare x 3 and a payment type training never saw, unversioned, through the
 router. The candidate's error rate and latency pass every window, yet its own logged traffic is skewed against its
 training statistics: the rollout rolls back at the first step with traffic, naming exactly fare and payment_type."""

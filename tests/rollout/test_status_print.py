@@ -51,3 +51,17 @@ def test_no_rollout_reads_no_router(tmp_path, capsys):
 
     _print_status({"current": None}, None, LocalBackend(tmp_path, "taxi", {}, router=Unreachable()))
     assert capsys.readouterr().out == "no rollout in progress\n"
+
+
+def test_the_shadow_step_shows_the_share_copied_to_the_canary(tmp_path, capsys):
+    class Mirroring:
+        def canary_weight(self) -> int:
+            return 0
+
+        def shadow_percent(self) -> int:
+            return 100
+
+    backend = LocalBackend(tmp_path, "taxi", {}, router=Mirroring())
+    line = status_line(capsys, {"current": {**ROLLOUT, "phase": "verify", "step": 0}}, backend)
+    assert line == ("rollout r1: version 2 over stable 1, phase verify, canary traffic 0%, 100% of the requests "
+                    "copied to it")

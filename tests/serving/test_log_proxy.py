@@ -312,3 +312,37 @@ def test_the_proxy_counts_the_verifiers_predictions_apart(proxy):
     assert refused == grpc.StatusCode.INVALID_ARGUMENT
     assert rest_call(proxy.rest_url, f"/v1/models/{MODEL}:predict", b"{not json") == 400  # a user's: not counted
     assert verifier_counts(proxy.rest_url) == {"OK": 3, "HTTP 400": 1, "INVALID_ARGUMENT": 1}
+
+
+def test_the_proxy_keeps_the_answers_to_requests_with_an_id_on_both_transports(proxy, upstream):
+    """What the shadow step joins on a cluster: TF Serving keeps nothing, its sidecar keeps the answers it passed."""
+    from serving import REQUEST_ID_HEADER, TRAFFIC_HEADER, VERIFIER_TRAFFIC
+    from tests.serving.conftest import expected_probability, http_json
+
+    rows = [ROW, {**ROW, "fare": 30.0}]
+    for path, headers in ((f"/v1/models/{MODEL}:predict", {REQUEST_ID_HEADER: "rest-a"}),
+                          (f"/v1/models/{MODEL}/versions/1:predict", {REQUEST_ID_HEADER: "rest-b"}),
+                          (f"/v1/models/{MODEL}:predict", {}),
+                          (f"/v1/models/{MODEL}:predict", {REQUEST_ID_HEADER: "v", TRAFFIC_HEADER: VERIFIER_TRAFFIC})):
+        connection = http.client.HTTPConnection(*proxy.rest_url.split("://", 1)[1].split(":"), timeout=10)
+        connection.request("POST", path, json.dumps({"instances": rows}).encode(),
+                           {"Content-Type": "application/json", **headers})
+        assert connection.getresponse().status == 200
+        connection.close()
+    with grpc.insecure_channel(proxy.grpc_target) as channel:
+        channel.unary_unary(PREDICTION_SERVICE + "Predict")(typed_grpc_request([1.0, 2.5], [7, 8], version=1),
+                                                              timeout=10,
+                                                              metadata=[(REQUEST_ID_HEADER, "grpc-a")])
+    status, answer = http_json("GET", f"{proxy.rest_url}/monitoring/answers/{MODEL}/0")
+    assert status == 200
+    kept_answers = answer["answers"]
+    assert [(a["request_id"], a["transport"], a["version"], a["row_count"]) for a in kept_answers] == [
+        ("rest-a", "rest", None, 2), ("rest-b", "rest", 1, 2), ("grpc-a", "grpc", 1, 2)]
+    assert kept_answers[0]["rows"] == rows
+    # The unversioned request went to the highest version, 2, as TF Serving's default policy serves.
+    assert kept_answers[0]["outputs"] == {"predictions": pytest.approx([expected_probability(r, 2) for r in rows],
+                                                                       abs=1e-6)}
+    assert kept_answers[2]["outputs"] == {"probabilities": pytest.approx(
+        [expected_probability({**ROW, "fare": f, "trip_start_hour": h}, 1) for f, h in ((1.0, 7), (2.5, 8))],
+        abs=1e-6)}
+    assert all(a["latency_ms"] > 0 for a in kept_answers)

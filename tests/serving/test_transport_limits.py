@@ -331,7 +331,8 @@ class EchoApi:
     def keep_failure(self, *arguments) -> None:
         self.kept.append(arguments)
 
-    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False) -> tuple[int, dict]:
+    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False,
+                     request_id: str = "") -> tuple[int, dict]:
         in_flight = [self.admission.requests, self.admission.bytes]
         return 200, {"method": method, "path": raw_path, "body": body.decode(), "in_flight": in_flight}
 

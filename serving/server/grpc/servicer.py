@@ -27,7 +27,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from serving import is_verifier
+from serving import is_verifier, request_id
 from serving.server.api_messages import SIGNATURE_DEF_FIELD, model_metadata_response, model_status_response
 from serving.server.errors import ServingRequestError, invalid_argument
 from serving.server.failures import rows_from_predict_request
@@ -121,9 +121,13 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             for name, value in outputs.items():
                 array_to_tensor_proto(np.asarray(value), response.outputs[name])
             answer = response.SerializeToString()
-            verifier = is_verifier(context.invocation_metadata() or ())
+            metadata = context.invocation_metadata() or ()
+            verifier = is_verifier(metadata)
             self.metrics.record(request.model_spec.name, "OK", "Predict", "GRPC", time.perf_counter() - started,
                                 verifier)
+            if not verifier:
+                self.metrics.answers.add(request_id(metadata), servable.model_name, servable.version, "grpc",
+                                         time.perf_counter() - started, arrays, outputs)
             if self.request_logger is not None and verifier:
                 self.request_logger.leave_out_verifier(servable.model_name)
             elif self.request_logger is not None and self.request_logger.sample():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from serving import is_verifier
+from serving import is_verifier, request_id
 from serving.server.errors import ServingRequestError
 from serving.server.limits import AdmissionControl, ServingLimits, check_request_bytes
 from serving.server.monitoring import METRICS_PATH
@@ -42,9 +42,10 @@ class RestApp:
         if method == "GET" and raw_path.split("?", 1)[0] == METRICS_PATH:
             await _send_text(send, self.api.metrics.text())
             return
-        failures = self.api.metrics.failures.answer(raw_path) if method == "GET" else None
-        if failures is not None:
-            await _send_json(send, *failures, False)
+        kept = (self.api.metrics.failures.answer(raw_path) or self.api.metrics.answers.answer(raw_path)
+                if method == "GET" else None)
+        if kept is not None:
+            await _send_json(send, *kept, False)
             return
         length, chunked = _body_framing(scope["headers"])
         body_pending = chunked or length > 0
@@ -75,7 +76,7 @@ class RestApp:
         reservation = [length]  # grows with a chunked body
         try:
             body = await self._read_body(receive, length, reservation)
-            status, payload = await self.api.handle(method, raw_path, body, is_verifier(headers))
+            status, payload = await self.api.handle(method, raw_path, body, is_verifier(headers), request_id(headers))
             return status, payload, False
         finally:
             self.admission.release(reservation[0])

@@ -71,14 +71,15 @@ class RestApi:
         self.request_logger = request_logger
         self._json_limits_cache: dict[int, tuple[ServableVersion, tuple[int, int]]] = {}
 
-    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False
+    async def handle(self, method: str, raw_path: str, body: bytes, verifier: bool = False, request_id: str = ""
                      ) -> tuple[int, dict[str, Any]]:
-        """`verifier`: the request carries the rollout verifier's mark (serving.TRAFFIC_HEADER): not logged."""
+        """`verifier`: the request carries the rollout verifier's mark (serving.TRAFFIC_HEADER): not logged.
+        `request_id`: the router's id of the request (serving.REQUEST_ID_HEADER): its answer is kept under it."""
         path = raw_path.split("?", 1)[0]
         started = time.perf_counter()
         status = "OK"
         try:
-            return 200, await self._dispatch(method, path, body, verifier)
+            return 200, await self._dispatch(method, path, body, verifier, request_id)
         except ServingRequestError as e:
             status = e.code.name
             self.keep_failure(method, path, body, status, e.message, verifier)
@@ -107,7 +108,8 @@ class RestApi:
         rows = rows_from_json_body(body) if body is not None else ([], 0)
         self.metrics.failures.add(name, answered, "rest", code, message, verifier, rows)
 
-    async def _dispatch(self, method: str, path: str, body: bytes, verifier: bool = False) -> dict[str, Any]:
+    async def _dispatch(self, method: str, path: str, body: bytes, verifier: bool = False, request_id: str = ""
+                        ) -> dict[str, Any]:
         if method == "POST":
             match = PREDICT_PATH.fullmatch(path)
             if match:
@@ -117,7 +119,7 @@ class RestApi:
                         grpc.StatusCode.UNIMPLEMENTED, f"The {verb} API is not implemented here; use :predict."
                     )
                 return await self._predict(unquote(name), _parse_version(version), label and unquote(label), body,
-                                           verifier)
+                                           verifier, request_id)
         elif method == "GET":
             match = STATUS_PATH.fullmatch(path)
             if match:
@@ -132,7 +134,8 @@ class RestApi:
         raise invalid_argument(f"Malformed request: {method} {path}")
 
     async def _predict(self, name: str, version: int | None, label: str | None, body: bytes,
-                       verifier: bool = False) -> dict[str, Any]:
+                       verifier: bool = False, request_id: str = "") -> dict[str, Any]:
+        started = time.perf_counter()
         servable = self.manager.resolve(name, version, label)
         if len(body) > self.inline_bytes:  # a large body is sized up and parsed off the event loop
             loop = asyncio.get_running_loop()
@@ -142,6 +145,9 @@ class RestApi:
         signature_name, arrays, row_format = prepared
         signature, outputs = await self.predictor.predict(servable, signature_name, arrays, "rest")
         answer = outputs_to_json(outputs, row_format)
+        if request_id and not verifier:
+            self.metrics.answers.add(request_id, servable.model_name, servable.version, "rest",
+                                     time.perf_counter() - started, arrays, outputs)
         if self.request_logger is not None and verifier:
             self.request_logger.leave_out_verifier(servable.model_name)
         elif self.request_logger is not None and self.request_logger.sample():

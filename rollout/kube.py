@@ -532,6 +532,10 @@ class KubernetesBackend(_RoutesMixin, _PodsMixin, Backend):
                         changed = True
             return changed
 
+        self._update_both_routes(change)
+
+    def _update_both_routes(self, change: Callable[[dict[str, Any]], bool]) -> None:
+        """`change` applied to the HTTPRoute and the GRPCRoute, each written only when it changed, retried on 409."""
         for plural, name in (("httproutes", self.settings.http_route), ("grpcroutes", self.settings.grpc_route)):
             update_with_retries(
                 lambda plural=plural, name=name: self._route(plural, name), change,
@@ -558,12 +562,7 @@ class KubernetesBackend(_RoutesMixin, _PodsMixin, Backend):
             except ValueError as e:
                 raise BackendError(f"{e}; the routes must name the canary Service (k8s/serving/bootstrap).") from None
 
-        for plural, name in (("httproutes", self.settings.http_route), ("grpcroutes", self.settings.grpc_route)):
-            update_with_retries(
-                lambda plural=plural, name=name: self._route(plural, name), change,
-                lambda route, plural=plural, name=name: self.custom.replace_namespaced_custom_object(
-                    *GATEWAY, self.namespace, plural, name, route),
-                f"{plural} {self.namespace}/{name}", self.store.fence)
+        self._update_both_routes(change)
 
     def shadow_percent(self) -> int:
         try:

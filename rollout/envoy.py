@@ -53,6 +53,10 @@ class RouterError(BackendError):
     """The Envoy router cannot be configured, started or read; the message says what to do."""
 
 
+class RouterChanging(RouterError):
+    """Envoy's clusters or routes disagree: it applies a change one xDS file at a time and was read in between."""
+
+
 class TranslationRefused(RouterError):
     """Envoy Gateway's translator did not accept an object (a route not attached, a backend not resolved)."""
 
@@ -414,6 +418,7 @@ def _find_key(node: Any, key: str) -> list[dict]:
 # --------------------------------------------------------------------------------------------------- the router
 ROUTER_FILE = "router.json"
 DENOMINATORS = {"HUNDRED": 100, "TEN_THOUSAND": 10_000, "MILLION": 1_000_000}
+SETTLE_S = 5.0  # Envoy applies a change's few xDS files within milliseconds of each other
 
 
 @dataclass
@@ -566,11 +571,25 @@ class EnvoyRouter:
 
     def share(self, service: str) -> float:
         """The share of requests Envoy sends to `service`, the same on every cluster (else RouterError)."""
+        return self._settled(lambda: self._share(service))
+
+    def _share(self, service: str) -> float:
         weights = self.weights()
         shares = {round(w.get(service, 0) / sum(w.values()), 6) if sum(w.values()) else 0.0 for w in weights.values()}
         if len(shares) != 1:
-            raise RouterError(f"Envoy's clusters send {service} different shares ({weights}).")
+            raise RouterChanging(f"Envoy's clusters send {service} different shares ({weights}).")
         return shares.pop()
+
+    def _settled(self, read, timeout_s: float = SETTLE_S):
+        """`read()` once Envoy has finished applying a change: a read between two of its xDS files is repeated."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return read()
+            except RouterChanging:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def canary_weight(self) -> int:
         """The canary's share in percent, as Envoy applies it (the interface of the kubernetes backends)."""
@@ -579,6 +598,9 @@ class EnvoyRouter:
     def mirrored(self, service: str) -> int:
         """The share of requests, in percent, Envoy copies to `service`: the same on every route (else RouterError),
         0 without a mirror."""
+        return self._settled(lambda: self._mirrored(service))
+
+    def _mirrored(self, service: str) -> int:
         services = self._services()
         shares = set()
         for route in self.active_routes():
@@ -592,7 +614,7 @@ class EnvoyRouter:
                                  / DENOMINATORS[fraction.get("denominator", "HUNDRED")]))
             shares.add(percent)
         if len(shares) > 1:
-            raise RouterError(f"Envoy's routes mirror different shares {sorted(shares)} to {service}.")
+            raise RouterChanging(f"Envoy's routes mirror different shares {sorted(shares)} to {service}.")
         return shares.pop() if shares else 0
 
     def shadow_percent(self) -> int:
@@ -607,6 +629,12 @@ class EnvoyRouter:
         except RouterError:
             return False
 
+    def _mirrors_match(self, mirrors: Mapping[str, int]) -> bool:
+        try:
+            return all(self._mirrored(service) == percent for service, percent in mirrors.items())
+        except RouterChanging:
+            return False
+
     # ---- changing Envoy
     def apply(self, objects: GatewayObjects, timeout_s: float = 30.0) -> Translation:
         """Re-translates `objects` and applies them; returns once Envoy runs with the translated endpoints and
@@ -617,8 +645,7 @@ class EnvoyRouter:
         EnvoyFiles(self.folder).write(translation, self.upstreams, str(self.generation), self.ports)
         self.save()
         mirrors = {service: objects.mirrored(service) for service in self.upstreams}
-        self.wait_until(lambda: self._endpoints_match(translation)
-                        and all(self.mirrored(s) == percent for s, percent in mirrors.items()), timeout_s)
+        self.wait_until(lambda: self._endpoints_match(translation) and self._mirrors_match(mirrors), timeout_s)
         return translation
 
     def set_weights(self, weights: Mapping[str, int], timeout_s: float = 30.0) -> Translation:

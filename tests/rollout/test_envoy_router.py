@@ -216,6 +216,38 @@ def test_the_mirror_copies_its_share_of_requests_to_the_canary_under_the_same_re
     print(f"{len(canary)} of {REQUESTS_PER_STEP} requests copied to the canary at 50%")
 
 
+def test_a_reader_during_each_change_gets_a_weight_the_routes_held(plane):
+    """Envoy applies a change one xDS file at a time (routes, then each cluster's endpoints): a read in between,
+    as `mlops rollout status` or a client may make, waits for it to finish instead of failing."""
+    import threading
+
+    router = plane["router"]
+    weights, errors, done = [], [], threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                weights.append((router.canary_weight(), router.shadow_percent()))
+            except Exception as e:  # noqa: BLE001 - any failure fails the test
+                errors.append(f"{type(e).__name__}: {e}")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        for _ in range(3):  # the shadow step's mirror on and off, then each weight the steps move through
+            router.set_shadow_percent(100)
+            router.set_shadow_percent(0)
+            for step in (10, 50, 100, 0):
+                router.set_canary_weight(step)
+    finally:
+        done.set()
+        reader.join(timeout=30)
+        router.set_shadow_percent(0)
+        router.set_canary_weight(0)
+    assert errors == [], errors[:3]
+    assert len(weights) > 100 and set(weights) <= {(0, 100), (0, 0), (10, 0), (50, 0), (100, 0)}, set(weights)
+
+
 def test_the_listeners_namespace_selector_is_kept_though_egctl_drops_namespace_labels():
     from rollout.envoy import TranslationRefused, selects
 

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from rollout import local_stack
+from rollout.envoy import RouterError
 from rollout.factory import build_backend, build_controller
 from rollout.metrics import MetricsSource, Snapshot, model_counters, parse_prometheus_text, window_figures
 from rollout.prometheus import PrometheusError, PrometheusSource
@@ -78,9 +79,17 @@ class RouterClient(threading.Thread):
         self.stop_event = threading.Event()
         self.gate = threading.Lock()  # held during each request: pause() waits for the one in flight
         # (canary weight before, after, transport, answering version, error)
-        self.results: list[tuple[int, int, str, int | None, str]] = []
+        self.results: list[tuple[int | None, int | None, str, int | None, str]] = []
+        self.weight_errors: list[str] = []
+        self.crash: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self.send()
+        except BaseException as e:  # noqa: BLE001 - stop() raises it in the test's thread
+            self.crash = e
+
+    def send(self) -> None:
         from serving.clients import GrpcClient, RestClient
 
         with RestClient(self.stack.router_rest, retries=0) as rest, \
@@ -88,16 +97,25 @@ class RouterClient(threading.Thread):
             while not self.stop_event.is_set():
                 transport = "rest" if len(self.results) % 2 == 0 else "grpc"
                 with self.gate:
-                    before = self.router.canary_weight()
+                    before = self.weight()
                     version, error = None, ""
                     try:
                         [value] = (rest if transport == "rest" else grpc).predict(ROW, MODEL, timeout=5.0)
                         version = answering_version(value)
                     except Exception as e:  # noqa: BLE001 - every failure counts, whatever its kind
                         error = f"{type(e).__name__}: {e}"
-                    after = self.router.canary_weight()
+                    after = self.weight()
                 self.results.append((before, after, transport, version, error))
                 self.stop_event.wait(0.025)
+
+    def weight(self) -> int | None:
+        """The canary's weight, or None where Envoy's admin interface could not say (the request counts for no
+        step); the traffic goes on either way."""
+        try:
+            return self.router.canary_weight()
+        except RouterError as e:
+            self.weight_errors.append(str(e))
+            return None
 
     def pause(self) -> None:
         self.gate.acquire()
@@ -108,6 +126,8 @@ class RouterClient(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=30)
+        if self.crash is not None:
+            raise AssertionError("the client stopped sending") from self.crash
 
 
 def direct_counters(stack: local_stack.Stack) -> dict[str, dict]:
@@ -212,7 +232,7 @@ def shares(results) -> dict[int, tuple[int, int]]:
     """weight -> (requests that held that weight, of which the canary answered), for versions told apart."""
     counted: dict[int, list[int]] = {}
     for before, after, _, version, error in results:
-        if before == after and not error:
+        if before == after and before is not None and not error:
             entry = counted.setdefault(before, [0, 0])
             entry[0] += 1
             entry[1] += version != 1

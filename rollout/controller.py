@@ -611,8 +611,9 @@ def describe_figures(figures: dict[str, Any]) -> str:
     parts = []
     golden = figures.get("golden")
     if golden and "rows" in golden:
+        decided = (f", decided otherwise on {golden['disagreements']}" if "disagreements" in golden else "")
         parts.append(f"golden {golden['rows']} rows max|diff| REST {golden['rest_max_abs_diff']:.2e} gRPC "
-                     f"{golden['grpc_max_abs_diff']:.2e}")
+                     f"{golden['grpc_max_abs_diff']:.2e}{decided}")
     window = figures.get("window")
     if window and "requests" in window:
         whose = {"users": "users'", "verifier": "the verifier's"}.get(window.get("traffic"), "")

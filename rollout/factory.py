@@ -81,7 +81,8 @@ def build_controller(config: PipelineConfig, backend: Backend | None = None,
                     rollout.window_requests_per_second, rollout.request_timeout_seconds,
                     rollout.max_error_rate_increase, rollout.max_p99_ratio, rollout.share_tolerance_sigmas,
                     rollout.min_error_rate_regression, rollout.detection_power, rollout.false_rollback_rate,
-                    rollout.max_window_extensions, user_steps=len(rollout.steps) + (1 if shadow else 0))
+                    rollout.max_window_extensions, user_steps=len(rollout.steps) + (1 if shadow else 0),
+                    max_disagreement_rate=section.max_disagreement_rate, max_relative_error=section.max_relative_error)
 
     def verifier() -> Verifier:
         rows = load_golden_rows(rollout.golden_data, config.pipeline_root, rollout.golden_rows)

@@ -409,7 +409,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
     else:
         out.append(_chart(rows))
         out.append("<table><tr><th>step</th><th>canary traffic</th><th>canary servers</th><th>golden rows</th>"
-                   "<th>max |diff| REST</th><th>max |diff| gRPC</th><th>REST vs gRPC</th><th>window</th>"
+                   "<th>max |diff| REST</th><th>max |diff| gRPC</th><th>REST vs gRPC</th><th>decided otherwise</th>"
+                   "<th>window</th>"
                    "<th>canary requests</th><th>of them the verifier's</th><th>user requests (both tracks)</th>"
                    "<th>errors</th><th>error rate</th><th>canary user requests needed</th><th>stable user errors</th>"
                    "<th>p99 ms</th><th>verdict</th></tr>")
@@ -423,7 +424,8 @@ def render_html(record: dict[str, Any], traffic: dict[str, Any] | None = None) -
             window_text = f"{window['seconds']}s ({window['source']})" if window else "-"
             cells = [i, f"{figures.get('weight', 0)}%", figures.get("canary_servers", "-"), golden.get("rows", "-"),
                      _number(golden.get("rest_max_abs_diff"), 6), _number(golden.get("grpc_max_abs_diff"), 6),
-                     _number(golden.get("rest_grpc_max_abs_diff"), 6), window_text,
+                     _number(golden.get("rest_grpc_max_abs_diff"), 6), _number(golden.get("disagreements"), 0),
+                     window_text,
                      _number(window.get("requests"), 0), _number(window.get("verifier_requests"), 0),
                      _number((window.get("share") or {}).get("user_requests"), 0), _number(window.get("errors"), 0),
                      _number(window.get("error_rate"), 4), (window.get("evidence") or {}).get("needed", "-"),

@@ -101,6 +101,9 @@ class Limits:
     max_window_extensions: int = 4
     # Steps with user traffic in the rollout (rollout.steps): the false-rollback rate is shared among them.
     user_steps: int = 1
+    # The golden rows' decisions against stable's (rollout.shadow.max_disagreement_rate and max_relative_error).
+    max_disagreement_rate: float = 0.01
+    max_relative_error: float = 0.05
 
     def evidence_rules(self) -> EvidenceRules:
         return EvidenceRules(self.max_error_rate, self.max_error_rate_increase, self.min_error_rate_regression,
@@ -121,9 +124,11 @@ EXTEND = "extend"
 SHADOW_READ_S = 2.0
 
 
-def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]]) -> tuple[float, str]:
+def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any]],
+                    decision: str = "") -> tuple[float, str]:
     """The largest difference between two answers' numbers over every row and output, and what else differs (rows,
-    output names, non-numeric outputs such as class names); "" when nothing does."""
+    output names, non-numeric outputs such as class names, except `decision`, which two versions may differ on);
+    "" when nothing does."""
     from serving.clients import numeric_values
 
     if len(answers) != len(reference):
@@ -133,7 +138,7 @@ def compare_answers(reference: list[dict[str, Any]], answers: list[dict[str, Any
         if sorted(expected) != sorted(got):
             return math.inf, f"row {index} has outputs {sorted(got)}, stable answers {sorted(expected)}"
         for name in sorted(expected):
-            if numeric_values({name: expected[name]}) == [] and expected[name] != got[name]:
+            if name != decision and numeric_values({name: expected[name]}) == [] and expected[name] != got[name]:
                 return math.inf, f"row {index} output {name!r} is {got[name]!r}, stable answers {expected[name]!r}"
         a, b = numeric_values(expected), numeric_values(got)
         if len(a) != len(b):
@@ -196,17 +201,23 @@ class Verifier:
         return {"version": version} if self.backend.supports_labels else {}
 
     def golden(self, stable: int, candidate: int) -> dict[str, Any]:
-        """Candidate vs stable on every golden row and output, over REST and over gRPC, on every canary server."""
+        """Candidate vs stable on every golden row, over REST and over gRPC, on every canary server: the same rows
+        and outputs; REST and gRPC answers within rollout.max_abs_diff of each other; and decisions that differ from
+        stable's no more often than rollout.shadow.max_disagreement_rate, by the exact binomial test at the deciding
+        look's significance. A retrained version's probabilities differ from stable's: how much is reported."""
         from serving.clients import ServingError
 
         opts = {"timeout": self.limits.timeout_s, "drop_unknown_features": True}
         figures: dict[str, Any] = {"rows": len(self.rows), "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0,
-                                   "rest_grpc_max_abs_diff": 0.0}
-        problems = []
+                                   "rest_grpc_max_abs_diff": 0.0, "disagreements": 0}
+        problems, transports_apart = [], []
         try:
             rest, grpc = self.clients(self.backend.endpoints("stable")[0], None)
             with rest, grpc:
                 reference = rest.predict_outputs(self.rows, self.model, **self._address(stable), **opts)
+            comparison = Comparison.of(self.backend.publication(self.model, stable),
+                                       self.backend.publication(self.model, candidate),
+                                       sorted(reference[0]) if reference else [])
             for endpoint in self.backend.endpoints("canary"):
                 rest, grpc = self.clients(endpoint, None)
                 with rest, grpc:
@@ -214,23 +225,48 @@ class Verifier:
                     by_grpc = grpc.predict_outputs(self.rows, self.model, **self._address(candidate), **opts)
                 for key, answers, transport in (("rest_max_abs_diff", by_rest, "REST"),
                                                 ("grpc_max_abs_diff", by_grpc, "gRPC")):
-                    diff, problem = compare_answers(reference, answers)
+                    diff, problem = compare_answers(reference, answers, decision=comparison.output)
                     figures[key] = max(figures[key], diff)
                     if problem:
                         problems.append(f"{transport} on {endpoint.rest}: {problem}")
+                    else:
+                        figures["disagreements"] = max(figures["disagreements"],
+                                                       self._disagreements(reference, answers, comparison))
                 # A shape that differs between the transports differs from stable's on one of them, reported above.
-                figures["rest_grpc_max_abs_diff"] = max(figures["rest_grpc_max_abs_diff"],
-                                                        compare_answers(by_rest, by_grpc)[0])
+                apart = compare_answers(by_rest, by_grpc)[0]
+                figures["rest_grpc_max_abs_diff"] = max(figures["rest_grpc_max_abs_diff"], apart)
+                if apart > self.limits.max_abs_diff:
+                    transports_apart.append(endpoint.rest)
         except (ServingError, OSError) as e:
             figures["error"] = f"golden requests failed: {e}"
             return figures
-        worst = max(figures["rest_max_abs_diff"], figures["grpc_max_abs_diff"])
+        rows, k = len(self.rows), figures["disagreements"]
+        alpha = self.limits.evidence_rules().alpha(deciding=True)
+        figures.update(disagreement_rate=k / rows if rows else 0.0,
+                       disagreement_p=above_limit_p_value(k, rows, self.limits.max_disagreement_rate) if rows else 1.0)
+        what = "values" if comparison.kind == "regression" else "decisions"
         if problems:
             figures["error"] = f"candidate {candidate} answers the golden rows unlike stable {stable}: {problems[0]}"
-        elif worst > self.limits.max_abs_diff:
-            figures["error"] = (f"candidate {candidate} disagrees with stable {stable} on the golden rows: max |diff| "
-                                f"{worst:.6f} > rollout.max_abs_diff {self.limits.max_abs_diff}")
+        elif transports_apart:
+            figures["error"] = (f"candidate {candidate} answers the golden rows differently over REST and gRPC on "
+                                f"{transports_apart[0]}: max |diff| {figures['rest_grpc_max_abs_diff']:.6f} > "
+                                f"rollout.max_abs_diff {self.limits.max_abs_diff}")
+        elif figures["disagreement_p"] <= alpha:
+            figures["error"] = (f"candidate {candidate} disagrees with stable {stable} on the {what} for {k} of {rows} "
+                                f"golden rows ({k / rows:.1%}): above rollout.shadow.max_disagreement_rate "
+                                f"{self.limits.max_disagreement_rate} (exact binomial test, p "
+                                f"{figures['disagreement_p']:.1e} <= {alpha:.1e})")
         return figures
+
+    def _disagreements(self, reference: list[dict[str, Any]], answers: list[dict[str, Any]],
+                       comparison: Comparison) -> int:
+        """Rows on which the two answers disagree on `comparison`'s output (a one-number list read as its number)."""
+        def value(answer: dict[str, Any]) -> Any:
+            got = answer.get(comparison.output)
+            return got[0] if isinstance(got, list) and len(got) == 1 else got
+
+        return sum(comparison.disagree(value(s), value(c), self.limits.max_relative_error)
+                   for s, c in zip(reference, answers, strict=True))
 
     def _send(self, candidate: int, track: str = "canary") -> tuple[int, list[float]]:
         """Golden rows to the track's servers for window_seconds (REST and gRPC in turn): (requests sent, latencies

@@ -553,7 +553,7 @@ class RolloutShadowConfig:
     # The largest share of rows on which the candidate's decision (binary: at each version's calibrated threshold;
     # multiclass: the class) differs from stable's, or its value by more than max_relative_error (regression) ...
     max_disagreement_rate: float = 0.01
-    # ... that relative error (regression).
+    # ... that relative error (regression). Both also judge the golden rows at every step, with or without a mirror.
     max_relative_error: float = 0.05
     # The largest distance between the two versions' score distributions on the same requests: Wasserstein (binary
     # probabilities; for regression values, relative to stable's mean absolute value) or total variation (multiclass).
@@ -575,7 +575,8 @@ class RolloutConfig:
     golden_data: str = ""
     # ... this many of them ...
     golden_rows: int = 64
-    # ... whose candidate probabilities, over REST and gRPC, must stay this close to the stable version's.
+    # ... which the candidate must answer over REST and over gRPC this close to each other; its decisions on them are
+    # held to stable's by shadow.max_disagreement_rate (a retrained version's probabilities differ from stable's).
     max_abs_diff: float = 0.001
     # Each step watches the users' requests for this long, then judges them; a window with too few canary requests
     # to decide is watched this much longer again, up to max_window_extensions times.

@@ -203,6 +203,9 @@ def overrides(fleet, *extra: str) -> list[str]:
             "rollout.min_error_rate_regression=0.3",
             # ~80 requests a 2 s window: the shadow step decides on 40 copies answered by both versions, not 200.
             "rollout.shadow.min_requests=40",
+            # A busy machine halves the client's rate: a window watches up to 30 s for its requests, and decides as
+            # soon as it has them.
+            "rollout.max_window_extensions=14",
             "rollout.load_timeout_seconds=60",
             "rollout.keep_previous_seconds=1", "rollout.poll_seconds=0.05",
             f"rollout.prometheus.scrape_interval_seconds={SCRAPE_S}", *extra]

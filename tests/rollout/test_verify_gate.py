@@ -81,22 +81,105 @@ def build(tmp_path, rest=None, grpc=None, metrics=None, canaries=1, limits=LIMIT
 
 @pytest.mark.parametrize("transport", ["rest", "grpc"])
 @pytest.mark.parametrize("row", [0, 4])
-def test_golden_rows_agreeing_within_the_limit_pass_and_one_row_beyond_it_fails(tmp_path, transport, row):
+def test_golden_answers_over_rest_and_grpc_within_the_limit_pass_and_one_row_beyond_it_fails(tmp_path, transport,
+                                                                                            row):
     inside = {transport: ScriptedClient(answers({row: 0.0099}))}
     verifier, _, _ = build(tmp_path, **inside)
     figures = verifier.golden(1, 2)
-    assert "error" not in figures and figures[f"{transport}_max_abs_diff"] == pytest.approx(0.0099)
+    assert "error" not in figures and figures["rest_grpc_max_abs_diff"] == pytest.approx(0.0099)
     outside = {transport: ScriptedClient(answers({row: 0.0101}))}
     verifier, _, _ = build(tmp_path, **outside)
     figures = verifier.golden(1, 2)
-    assert figures[f"{transport}_max_abs_diff"] == pytest.approx(0.0101)
-    assert "disagrees with stable 1" in figures["error"] and "0.010100 > rollout.max_abs_diff 0.01" in figures["error"]
+    assert figures["rest_grpc_max_abs_diff"] == pytest.approx(0.0101)
+    assert figures["error"] == ("candidate 2 answers the golden rows differently over REST and gRPC on "
+                                "http://canary-0: max |diff| 0.010100 > rollout.max_abs_diff 0.01")
+
+
+# With LIMITS the deciding look's significance is 0.01 / 1 step / 2 tests / 2 = 0.0025: of 5 rows, one decided
+# otherwise is 4.9% likely at max_disagreement_rate 0.01, two 0.098%.
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+def test_golden_decisions_unlike_stable_on_one_row_pass_and_on_two_fail(tmp_path, transport):
+    assert stats.binom.sf(0, 5, 0.01) > 0.0025 >= stats.binom.sf(1, 5, 0.01)
+    # Rows 1 and 3 answer 0.1 and 0.3 on stable: moved by 0.2, beyond max_relative_error 0.05 of them.
+    one = answers({1: 0.2})
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(one), grpc=ScriptedClient(one))
+    figures = verifier.golden(1, 2)
+    assert "error" not in figures and figures["disagreements"] == 1
+    assert figures["rest_max_abs_diff"] == pytest.approx(0.2)
+    assert figures["disagreement_p"] == pytest.approx(stats.binom.sf(0, 5, 0.01))
+    two = answers({1: 0.2, 3: 0.2})
+    moved = {transport: ScriptedClient(two), **({"grpc": ScriptedClient(two)} if transport == "rest" else
+                                                {"rest": ScriptedClient(two)})}
+    verifier, _, _ = build(tmp_path, **moved)
+    figures = verifier.golden(1, 2)
+    assert figures["disagreements"] == 2 and figures["disagreement_rate"] == 0.4
+    assert figures["error"] == ("candidate 2 disagrees with stable 1 on the values for 2 of 5 golden rows (40.0%): "
+                                "above rollout.shadow.max_disagreement_rate 0.01 (exact binomial test, p 9.8e-04 <= "
+                                "2.5e-03)")
+
+
+@pytest.mark.parametrize("user_steps", [3, 4])  # rollout.steps [10, 50, 100], without and with the shadow step
+def test_with_the_defaults_four_of_64_golden_rows_decided_otherwise_pass_and_five_fail(tmp_path, user_steps):
+    defaults = Limits(max_abs_diff=0.001, max_error_rate=0.01, max_p99_ms=250.0, window_seconds=30.0,
+                      requests_per_second=20.0, timeout_s=10.0, user_steps=user_steps)
+    for moved, failed in ((4, False), (5, True)):
+        shifted = answers({x: 1.0 for x in range(1, 1 + moved)})
+        verifier, _, _ = build(tmp_path, rest=ScriptedClient(shifted), grpc=ScriptedClient(shifted), limits=defaults)
+        verifier.rows = [{"x": float(i)} for i in range(64)]
+        figures = verifier.golden(1, 2)
+        assert (figures["disagreements"], "error" in figures) == (moved, failed), figures
+
+
+def test_golden_decisions_are_counted_on_each_transport_and_server_and_the_most_is_judged(tmp_path):
+    one, two = answers({1: 0.2}), answers({1: 0.2, 3: 0.2})
+    # REST and gRPC then differ by 0.2 on row 3: allow that, to see the decisions alone.
+    wide = Limits(**{**LIMITS.__dict__, "max_abs_diff": 1.0})
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(one), grpc=ScriptedClient(two), limits=wide)
+    assert verifier.golden(1, 2)["disagreements"] == 2
+    good = ScriptedClient(answers())
+    verifier, _, _ = build(tmp_path, canaries=2, rest=[good, ScriptedClient(two)], grpc=[good, ScriptedClient(two)])
+    assert verifier.golden(1, 2)["disagreements"] == 2
+
+
+def test_golden_decisions_of_a_binary_model_are_taken_at_each_versions_threshold(tmp_path):
+    def binary(shift: float):
+        return lambda rows, version: [{"probabilities": 0.1 * r["x"] + shift} for r in rows]
+
+    publications = {1: {"task": {"kind": "binary"}, "calibration": {"threshold": 0.25}},
+                    2: {"task": {"kind": "binary"}, "calibration": {"threshold": 0.35}}}
+    # Stable decides yes on rows 3 and 4 (0.3, 0.4 >= 0.25); the candidate, 0.1 higher at its threshold 0.35, on
+    # rows 3 and 4 too (0.4, 0.5): the same decisions though every probability moved by 0.1.
+    verifier, _, _ = build(tmp_path, stable_answers=binary(0.0), rest=ScriptedClient(binary(0.1)),
+                           grpc=ScriptedClient(binary(0.1)))
+    verifier.backend.publication = lambda model, version: publications[version]
+    figures = verifier.golden(1, 2)
+    assert (figures["disagreements"], figures["rest_max_abs_diff"]) == (0, pytest.approx(0.1))
+    # 0.2 higher, rows 2 to 4 (0.4, 0.5, 0.6) are yes: row 2 decided otherwise.
+    verifier, _, _ = build(tmp_path, stable_answers=binary(0.0), rest=ScriptedClient(binary(0.2)),
+                           grpc=ScriptedClient(binary(0.2)))
+    verifier.backend.publication = lambda model, version: publications[version]
+    assert verifier.golden(1, 2)["disagreements"] == 1
+
+
+def test_golden_classes_that_differ_are_decisions_not_another_shape(tmp_path):
+    def multiclass(flipped: set[int]):
+        return lambda rows, version: [{"class": "b" if int(r["x"]) in flipped else "a", "classes": ["a", "b"]}
+                                      for r in rows]
+
+    verifier, _, _ = build(tmp_path, stable_answers=multiclass(set()), rest=ScriptedClient(multiclass({2})),
+                           grpc=ScriptedClient(multiclass({2})))
+    figures = verifier.golden(1, 2)
+    assert "error" not in figures and figures["disagreements"] == 1
+    verifier, _, _ = build(tmp_path, stable_answers=multiclass(set()), rest=ScriptedClient(multiclass({2, 4})),
+                           grpc=ScriptedClient(multiclass({2, 4})))
+    assert verifier.golden(1, 2)["error"].startswith("candidate 2 disagrees with stable 1 on the decisions for 2 of 5")
 
 
 def test_golden_asks_the_stable_and_candidate_versions_for_every_row(tmp_path):
     verifier, per_server, _ = build(tmp_path)
     figures = verifier.golden(1, 2)
-    assert figures == {"rows": 5, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0}
+    assert figures == {"rows": 5, "rest_max_abs_diff": 0.0, "grpc_max_abs_diff": 0.0, "rest_grpc_max_abs_diff": 0.0,
+                       "disagreements": 0, "disagreement_rate": 0.0, "disagreement_p": 1.0}
     options = {"timeout": 1.0, "drop_unknown_features": True}
     assert per_server["http://stable"][0].requests == [(MODEL, 1, options)]
     assert [c.requests for c in per_server["http://canary-0"]] == [[(MODEL, 2, options)], [(MODEL, 2, options)]]
@@ -619,3 +702,16 @@ def test_the_log_line_says_whose_requests_a_window_judged_and_how_many_the_step_
     verifier, _, _ = build(tmp_path)
     assert describe_figures({"window": verifier.window(2, 0)}).startswith(
         f"window 1.0s (verifier, the verifier's requests) {SENT} requests")
+
+
+def test_the_golden_rows_decisions_are_held_to_the_configured_shadow_limits(tmp_path):
+    from rollout.factory import build_controller
+    from settings.config import load_config
+
+    golden = tmp_path / "golden.csv"
+    golden.write_text("x\n1\n2\n")
+    config = load_config(None, [f"rollout.golden_data={golden}", "rollout.shadow.max_disagreement_rate=0.02",
+                                "rollout.shadow.max_relative_error=0.2", f"output_root={tmp_path}"])
+    controller = build_controller(config, MemoryBackend(HookedStore(tmp_path)), log=lambda _: None)
+    limits = controller.verifier_factory().limits
+    assert (limits.max_disagreement_rate, limits.max_relative_error) == (0.02, 0.2)

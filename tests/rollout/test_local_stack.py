@@ -198,6 +198,7 @@ def overrides(fleet, *extra: str) -> list[str]:
             # Latency is the gate's tests' subject (tests/rollout/test_verify_gate.py); here, on a shared machine, a few
             # milliseconds of p99 either way are noise, so only a canary gone very slow would fail.
             "rollout.window_requests_per_second=20", "rollout.max_p99_ms=2000", "rollout.max_p99_ratio=50",
+            "rollout.shadow.max_latency_ratio=50",
             # Catching a canary failing 30% more than stable, not 5%: 24 canary requests a step, not ~150 (the gate's
             # power at the defaults is tests/rollout/test_evidence.py's subject).
             "rollout.min_error_rate_regression=0.3",

@@ -67,6 +67,7 @@ def test_skewed_traffic_on_the_canary_is_rolled_back_whatever_its_error_rate(tax
                  "rollout.golden_rows=24", "rollout.steps=[50,100]", "rollout.window_seconds=2",
                  # Latency and errors are the gate's tests' subject; here they must pass, so only skew can fail.
                  "rollout.max_p99_ms=5000", "rollout.max_p99_ratio=100", "rollout.max_error_rate=0.5",
+                 "rollout.shadow.max_latency_ratio=100",
                  "rollout.max_error_rate_increase=0.4", "rollout.min_error_rate_regression=0.45",
                  "rollout.load_timeout_seconds=60",
                  "rollout.keep_previous_seconds=1", "rollout.poll_seconds=0.05",

@@ -130,6 +130,30 @@ def test_with_the_defaults_four_of_64_golden_rows_decided_otherwise_pass_and_fiv
         assert (figures["disagreements"], "error" in figures) == (moved, failed), figures
 
 
+def test_golden_values_within_max_relative_error_agree_and_a_p_value_at_the_significance_fails(tmp_path):
+    # Row 3 answers 0.3 on stable: 0.009 more is 3%, within max_relative_error 0.05 (above max_disagreement_rate).
+    close = answers({3: 0.009})
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(close), grpc=ScriptedClient(close))
+    assert verifier.golden(1, 2)["disagreements"] == 0
+    # The significance set to exactly the p-value of 2 rows of 5: 0.01 / 1 step / 2 tests / 2 looks' share.
+    p_two = stats.binom.sf(1, 5, 0.01)
+    at_p = Limits(**{**LIMITS.__dict__, "false_rollback_rate": 4 * p_two})
+    two = answers({1: 0.2, 3: 0.2})
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(two), grpc=ScriptedClient(two), limits=at_p)
+    figures = verifier.golden(1, 2)
+    assert figures["disagreement_p"] == at_p.evidence_rules().alpha(deciding=True) and "error" in figures
+
+
+def test_golden_outputs_of_one_number_lists_are_compared_as_numbers(tmp_path):
+    def listed(shift: dict[int, float]):
+        return lambda rows, version: [{"probability": [0.1 * r["x"] + shift.get(int(r["x"]), 0.0)]} for r in rows]
+
+    verifier, _, _ = build(tmp_path, stable_answers=listed({}), rest=ScriptedClient(listed({1: 0.2})),
+                           grpc=ScriptedClient(listed({1: 0.2})))
+    figures = verifier.golden(1, 2)
+    assert figures["disagreements"] == 1 and "error" not in figures
+
+
 def test_golden_decisions_are_counted_on_each_transport_and_server_and_the_most_is_judged(tmp_path):
     one, two = answers({1: 0.2}), answers({1: 0.2, 3: 0.2})
     # REST and gRPC then differ by 0.2 on row 3: allow that, to see the decisions alone.

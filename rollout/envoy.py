@@ -20,10 +20,10 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -418,6 +418,7 @@ def _find_key(node: Any, key: str) -> list[dict]:
 # --------------------------------------------------------------------------------------------------- the router
 ROUTER_FILE = "router.json"
 DENOMINATORS = {"HUNDRED": 100, "TEN_THOUSAND": 10_000, "MILLION": 1_000_000}
+T = TypeVar("T")
 SETTLE_S = 5.0  # Envoy applies a change's few xDS files within milliseconds of each other
 
 
@@ -580,7 +581,7 @@ class EnvoyRouter:
             raise RouterChanging(f"Envoy's clusters send {service} different shares ({weights}).")
         return shares.pop()
 
-    def _settled(self, read, timeout_s: float = SETTLE_S):
+    def _settled(self, read: Callable[[], T], timeout_s: float = SETTLE_S) -> T:
         """`read()` once Envoy has finished applying a change: a read between two of its xDS files is repeated."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -97,8 +97,7 @@ def test_golden_answers_over_rest_and_grpc_within_the_limit_pass_and_one_row_bey
 
 # With LIMITS the deciding look's significance is 0.01 / 1 step / 2 tests / 2 = 0.0025: of 5 rows, one decided
 # otherwise is 4.9% likely at max_disagreement_rate 0.01, two 0.098%.
-@pytest.mark.parametrize("transport", ["rest", "grpc"])
-def test_golden_decisions_unlike_stable_on_one_row_pass_and_on_two_fail(tmp_path, transport):
+def test_golden_decisions_unlike_stable_on_one_row_pass_and_on_two_fail(tmp_path):
     assert stats.binom.sf(0, 5, 0.01) > 0.0025 >= stats.binom.sf(1, 5, 0.01)
     # Rows 1 and 3 answer 0.1 and 0.3 on stable: moved by 0.2, beyond max_relative_error 0.05 of them.
     one = answers({1: 0.2})
@@ -108,9 +107,7 @@ def test_golden_decisions_unlike_stable_on_one_row_pass_and_on_two_fail(tmp_path
     assert figures["rest_max_abs_diff"] == pytest.approx(0.2)
     assert figures["disagreement_p"] == pytest.approx(stats.binom.sf(0, 5, 0.01))
     two = answers({1: 0.2, 3: 0.2})
-    moved = {transport: ScriptedClient(two), **({"grpc": ScriptedClient(two)} if transport == "rest" else
-                                                {"rest": ScriptedClient(two)})}
-    verifier, _, _ = build(tmp_path, **moved)
+    verifier, _, _ = build(tmp_path, rest=ScriptedClient(two), grpc=ScriptedClient(two))
     figures = verifier.golden(1, 2)
     assert figures["disagreements"] == 2 and figures["disagreement_rate"] == 0.4
     assert figures["error"] == ("candidate 2 disagrees with stable 1 on the values for 2 of 5 golden rows (40.0%): "
@@ -154,11 +151,13 @@ def test_golden_outputs_of_one_number_lists_are_compared_as_numbers(tmp_path):
     assert figures["disagreements"] == 1 and "error" not in figures
 
 
-def test_golden_decisions_are_counted_on_each_transport_and_server_and_the_most_is_judged(tmp_path):
+@pytest.mark.parametrize("more", ["rest", "grpc"])
+def test_golden_decisions_are_counted_on_each_transport_and_server_and_the_most_is_judged(tmp_path, more):
     one, two = answers({1: 0.2}), answers({1: 0.2, 3: 0.2})
     # REST and gRPC then differ by 0.2 on row 3: allow that, to see the decisions alone.
     wide = Limits(**{**LIMITS.__dict__, "max_abs_diff": 1.0})
-    verifier, _, _ = build(tmp_path, rest=ScriptedClient(one), grpc=ScriptedClient(two), limits=wide)
+    clients = {"rest": ScriptedClient(one), "grpc": ScriptedClient(one), more: ScriptedClient(two)}
+    verifier, _, _ = build(tmp_path, limits=wide, **clients)
     assert verifier.golden(1, 2)["disagreements"] == 2
     good = ScriptedClient(answers())
     verifier, _, _ = build(tmp_path, canaries=2, rest=[good, ScriptedClient(two)], grpc=[good, ScriptedClient(two)])
